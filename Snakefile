@@ -1,0 +1,26 @@
+# Eyrie: from a served target LLM to a trained, validated EAGLE-3 drafter.
+# Stages: data -> target -> verify_env -> extract -> validate (training and evaluation follow).
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+validate(config, "eyrie/schemas/config.schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/target.smk"
+include: "rules/verify.smk"
+include: "rules/extract.smk"
+include: "rules/validate.smk"
+
+
+rule all:
+    input:
+        final_outputs(),
+    default_target: True

@@ -1,0 +1,1 @@
+"""The shipped small targets: a trained toy-llama and a seeded toy-deepseek (MLA + MoE)."""

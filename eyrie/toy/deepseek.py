@@ -1,0 +1,142 @@
+"""Build toy-deepseek: a DeepseekV3ForCausalLM (MLA + MoE) from a seeded random init.
+
+Nothing is shipped: every parameter is drawn from a generator seeded by the seed and the
+parameter's name, so the weights depend on neither the library's init order nor the machine.
+The default dimensions are ones a real SGLang 0.5.12 server loads; `--tiny` gives a few-MB model
+for tests. The tokenizer is toy-llama's, so the shipped dataset and chat template apply as-is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+# Keys SGLang's deepseek_v2.py reads that transformers' DeepseekV3Config does not write.
+SGLANG_KEYS = {
+    "moe_layer_freq": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "ep_size": 1,
+    "norm_topk_prob": True,
+    "num_nextn_predict_layers": 0,
+}
+
+SERVED = dict(
+    hidden_size=1024,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    kv_lora_rank=512,
+    q_lora_rank=384,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+    intermediate_size=2816,
+    moe_intermediate_size=512,
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    q_lora_rank=48,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+)
+
+
+def toy_deepseek_config(tokenizer, dims: dict):
+    from transformers import DeepseekV3Config
+
+    cfg = DeepseekV3Config(
+        vocab_size=len(tokenizer),
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=1.0,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **dims,
+    )
+    cfg.architectures = ["DeepseekV3ForCausalLM"]
+    return cfg
+
+
+def seeded_init_(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
+    """Draw each parameter from a generator keyed by (seed, name); norms 1, biases 0."""
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight") or "layernorm" in name:
+            torch.nn.init.ones_(p)
+            continue
+        if p.dim() < 2:
+            torch.nn.init.zeros_(p)
+            continue
+        key = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
+        gen = torch.Generator().manual_seed(key)
+        with torch.no_grad():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+
+
+def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool = False) -> Path:
+    from transformers import AutoTokenizer, DeepseekV3ForCausalLM
+
+    out, tokenizer_dir = Path(out), Path(tokenizer_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    cfg = toy_deepseek_config(tokenizer, TINY if tiny else SERVED)
+    with torch.device("cpu"):
+        model = DeepseekV3ForCausalLM(cfg)
+    seeded_init_(model, seed)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    config = json.loads((tmp / "config.json").read_text())
+    config.update(SGLANG_KEYS)
+    config["eyrie_toy"] = {"seed": seed, "tiny": tiny}
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).exists():
+            shutil.copy2(tokenizer_dir / name, tmp / name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--tokenizer", default="models/toy-llama")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tiny", action="store_true", help="a few-MB model for tests")
+    args = p.parse_args(argv)
+    print(build(args.out, args.tokenizer, args.seed, args.tiny))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+# Shared helpers for every stage: paths, splits and the target folder.
+
+import os
+
+R = config["results"]
+SPLITS = ["train", "heldout"]
+SHARDS = [f"{i:03d}" for i in range(config["extract"]["shards"])]
+TOY_DEEPSEEK = "toy-deepseek"
+
+
+wildcard_constraints:
+    split="|".join(SPLITS),
+    shard=r"\d{3}",
+
+
+def target_dir():
+    """The target's HF folder: the configured one, or the toy-deepseek the workflow builds."""
+    if config["target"]["path"] == TOY_DEEPSEEK:
+        return f"{R}/targets/{TOY_DEEPSEEK}"
+    return config["target"]["path"]
+
+
+def target_config():
+    """config.json of the target: a file the workflow tracks, so a changed target reruns."""
+    return f"{target_dir()}/config.json"
+
+
+def dataset_source(wildcards):
+    return config["dataset"][wildcards.split]
+
+
+def final_outputs():
+    outputs = [f"{R}/verify/report.json", f"{R}/validate/summary.csv"]
+    return outputs
+
+
+# Rules run `python -m eyrie...` and scripts that import eyrie: make the package importable in
+# every job (conda envs and cluster jobs included) without installing it there.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (workflow.basedir, os.environ.get("PYTHONPATH", "")) if p
+)

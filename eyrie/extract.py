@@ -1,0 +1,446 @@
+"""Extract one shard of one split: tokenize, capture, and append to a shard store.
+
+Shard membership is round-robin: sample j of the split (its j-th non-blank line, 0-based) is in
+shard j % S. It is deterministic, needs no pass over lengths, and spreads long and short samples
+evenly when the data is sorted by source or size.
+
+Work happens in a scratch store, `<store parent>/.work/<store name>`, moved into place only once
+finished. Snakemake deletes a job's outputs before it reruns the job, so a store written in place
+would be lost on every rerun; the scratch store survives a kill and the rerun resumes it.
+
+Resume is bit-exact: the samples that tokenize cleanly are cut into fixed commit groups, and each
+group is captured in the same batches (by length, within the group) whether or not the job was
+interrupted before it. A group is committed as a whole, then the errors table is rewritten.
+Samples that cannot be extracted are listed in the errors table (sample_id, line, reason,
+detail), never dropped silently; the table is keyed by the line of the split file, so a resumed
+run never lists one twice, and a repeated id is listed as such instead of overwriting the first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from eyrie.chat_tokens import SampleError, tokenize_chat
+from eyrie.config import config_hash
+from eyrie.store import ShardReader, ShardWriter, StoreError
+
+log = logging.getLogger("eyrie.extract")
+
+ERROR_COLUMNS = ("sample_id", "line", "reason", "detail")
+WORK_DIR = ".work"
+
+
+class ExtractError(RuntimeError):
+    """Extraction cannot start or go on; the message names the input and the fix."""
+
+
+class Interrupted(RuntimeError):
+    """Raised by `stop_after_commits`, to test resume."""
+
+
+@dataclass
+class Record:
+    line: int  # 1-based line of the split file
+    sample_id: str
+    messages: list | None
+    error: tuple[str, str] | None = None  # (reason, detail) when the line is unusable
+
+
+@dataclass
+class Good:
+    line: int
+    sample_id: str
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+
+
+@dataclass
+class Outcome:
+    store: Path
+    errors_csv: Path
+    samples: int = 0
+    tokens: int = 0
+    errors: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)  # setup, capture, write, total (this run)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def read_split(path: str | Path) -> list[Record]:
+    """Every line of a split file as a Record; a repeated id or a bad line is an error record."""
+    path = Path(path)
+    if not path.is_file():
+        raise ExtractError(f"split file {path} does not exist; run the prepare_dataset rule")
+    records, seen = [], {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if not line.strip():
+                continue
+            where = f"{path}:{n + 1}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                records.append(Record(n + 1, f"line:{n + 1}", None, ("bad_line", str(exc))))
+                continue
+            sid, msgs = obj.get("id") if isinstance(obj, dict) else None, None
+            if isinstance(obj, dict):
+                msgs = obj.get("messages")
+            if not isinstance(sid, str) or not sid:
+                records.append(Record(n + 1, f"line:{n + 1}", None, ("bad_line", "no id")))
+                continue
+            rec = Record(n + 1, sid, msgs)
+            if sid in seen:
+                rec.error = ("duplicate_id", f"{where} repeats the id of line {seen[sid]}")
+            elif not isinstance(msgs, list) or not msgs:
+                rec.error = ("bad_line", f"{where} has no 'messages' list")
+            else:
+                seen[sid] = n + 1
+            records.append(rec)
+    return records
+
+
+def shard_members(records: list, shard: int, shards: int) -> list:
+    """The records of one shard: sample j (j-th non-blank line) with j % shards == shard."""
+    if not 0 <= shard < shards:
+        raise ExtractError(f"shard {shard} is out of range for extract.shards = {shards}")
+    return [r for j, r in enumerate(records) if j % shards == shard]
+
+
+def resolve_aux_layer_ids(configured, num_layers: int) -> list[int]:
+    from eyrie.hf_layers import check_aux_layer_ids, default_aux_layer_ids
+
+    try:
+        ids = list(configured) if configured else list(default_aux_layer_ids(num_layers))
+        check_aux_layer_ids(ids, num_layers)
+    except ValueError as exc:
+        raise ExtractError(f"capture.aux_layer_ids: {exc}") from None
+    return [int(i) for i in ids]
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# paths and the errors table
+
+
+def work_paths(store: str | Path, errors_csv: str | Path) -> tuple[Path, Path]:
+    store, errors_csv = Path(store), Path(errors_csv)
+    work = store.parent / WORK_DIR
+    return work / store.name, work / errors_csv.name
+
+
+def read_errors(path: str | Path) -> dict[int, tuple[str, str, str]]:
+    """line -> (sample_id, reason, detail) of an errors table; {} when there is none."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    return {int(r["line"]): (r["sample_id"], r["reason"], r["detail"]) for r in rows}
+
+
+def write_errors(path: str | Path, errors: dict[int, tuple[str, str, str]]) -> None:
+    """Rewrite the whole table (in line order) under a temp name, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(ERROR_COLUMNS)
+            for line in sorted(errors):
+                sid, reason, detail = errors[line]
+                w.writerow((sid, line, reason, detail))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# extraction
+
+
+def _tokenize(tokenizer, members: list[Record], max_tokens: int):
+    good, errors = [], {}
+    for rec in members:
+        if rec.error:
+            errors[rec.line] = (rec.sample_id, *rec.error)
+            continue
+        try:
+            t = tokenize_chat(tokenizer, rec.messages, max_tokens)
+        except SampleError as exc:
+            errors[rec.line] = (rec.sample_id, exc.reason, exc.detail)
+            continue
+        good.append(Good(rec.line, rec.sample_id, t.input_ids, t.loss_mask))
+    return good, errors
+
+
+def _groups(good: list[Good], size: int, committed: set[str], failed: set[int]) -> list:
+    """Commit groups still to do, each as it was in the first attempt (same batches).
+
+    `failed` holds the lines that failed at capture in an earlier attempt.
+    """
+    todo = []
+    for start in range(0, len(good), size):
+        group = good[start : start + size]
+        if not any(g.sample_id in committed for g in group):
+            todo.append(group)
+            continue
+        # A committed group: its other samples failed at capture; redo any not yet listed.
+        left = [g for g in group if g.sample_id not in committed and g.line not in failed]
+        if left:
+            todo.append(left)
+    return todo
+
+
+def _batches(group: list[Good], batch_size: int) -> list[list[int]]:
+    order = sorted(range(len(group)), key=lambda i: (-len(group[i].input_ids), i))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _open_writer(path: Path, provenance: dict, **kwargs) -> ShardWriter:
+    """Resume a scratch store, or start it again when it was begun with another setup."""
+    if path.exists():
+        try:
+            old = ShardReader(path, require_complete=False).attrs.get("provenance")
+        except StoreError as exc:
+            log.warning("scratch store %s is unusable (%s); starting it again", path, exc)
+            old = None
+        normal = json.loads(json.dumps(provenance))
+        if old != normal:
+            log.warning("scratch store %s was begun with another setup; starting again", path)
+            shutil.rmtree(path)
+    return ShardWriter(path, provenance=provenance, **kwargs)
+
+
+def provenance_for(
+    target_path,
+    *,
+    backend: str,
+    split: str,
+    shard: int,
+    shards: int,
+    data_path,
+    settings: dict,
+    device: torch.device,
+    dtype: torch.dtype,
+    weights_cache=None,
+) -> dict:
+    from eyrie.target import package_versions, tokenizer_sha256, weights_sha256
+
+    return {
+        "backend": backend,
+        "target_path": str(target_path),
+        "weights_sha256": weights_sha256(target_path, weights_cache),
+        "tokenizer_sha256": tokenizer_sha256(target_path),
+        "data_path": str(data_path),
+        "data_sha256": file_sha256(data_path),
+        "split": split,
+        "shard": shard,
+        "shards": shards,
+        "device": device.type,
+        "dtype": str(dtype).removeprefix("torch."),
+        "config_hash": config_hash(settings),
+        "settings": settings,
+        "packages": package_versions(),
+    }
+
+
+def extract_shard(
+    *,
+    data_path: str | Path,
+    target_path: str | Path,
+    split: str,
+    shard: int,
+    out_store: str | Path,
+    errors_csv: str | Path,
+    capture: dict,
+    extract: dict,
+    max_tokens: int,
+    architecture: str | None = None,
+    commit_every: int = 64,
+    weights_cache: str | Path | None = None,
+    stop_after_commits: int | None = None,
+    progress: bool = True,
+    target=None,
+) -> Outcome:
+    """Extract shard `shard` of extract.shards from a split file into `out_store`.
+
+    `target` may hold the already loaded eyrie.target.Target of `target_path` (to run several
+    shards, or a benchmark, with one model); by default the target is loaded here.
+    """
+    if capture.get("backend", "hf") == "sglang":  # a served target: eyrie/sglang_client.py
+        args = dict(locals())
+        from eyrie.sglang_client import extract_shard_sglang
+
+        return extract_shard_sglang(**args)
+    from eyrie.capture_hf import HFCapture
+    from eyrie.target import load_target, num_hidden_layers
+
+    if capture.get("backend", "hf") != "hf":
+        raise ExtractError(
+            f"capture.backend {capture.get('backend')!r}: this extractor runs the target "
+            "in-process (backend 'hf')"
+        )
+    start = time.perf_counter()
+    seconds = dict.fromkeys(("setup", "capture", "write", "total"), 0.0)
+    shards = int(extract["shards"])
+    batch_size = int(capture.get("batch_size", 8))
+    commit_every = max(batch_size, -(-int(commit_every) // batch_size) * batch_size)
+    out_store, errors_csv = Path(out_store), Path(errors_csv)
+    work_store, work_errors = work_paths(out_store, errors_csv)
+
+    members = shard_members(read_split(data_path), shard, shards)
+    aux_ids = resolve_aux_layer_ids(capture.get("aux_layer_ids"), num_hidden_layers(target_path))
+    if target is None:
+        target = load_target(
+            target_path, device=capture.get("device", "auto"), architecture=architecture
+        )
+    good, errors = _tokenize(target.tokenizer, members, max_tokens)
+    settings = {
+        "capture": {**capture, "aux_layer_ids": aux_ids},
+        "extract": dict(extract),
+        "max_tokens": int(max_tokens),
+        "commit_every": commit_every,
+        "architecture": target.architecture,
+    }
+    provenance = provenance_for(
+        target_path,
+        backend="hf",
+        split=split,
+        shard=shard,
+        shards=shards,
+        data_path=data_path,
+        settings=settings,
+        device=target.device,
+        dtype=target.dtype,
+        weights_cache=weights_cache,
+    )
+    hidden = int(target.model.config.get_text_config().hidden_size)
+    writer = _open_writer(
+        work_store,
+        provenance,
+        hidden_size=hidden,
+        aux_layer_ids=aux_ids,
+        chunk_tokens=int(extract.get("chunk_tokens", 256)),
+        shard_tokens=int(extract.get("shard_tokens", 16384)),
+    )
+    try:
+        committed = set(writer.committed_ids)
+        if committed:
+            log.info("resuming %s: %d samples already committed", work_store, len(committed))
+        # Capture failures of committed groups (tokenization errors are found again anyway);
+        # a fresh store ignores a table left by an earlier setup.
+        good_lines = {g.line for g in good}
+        old = read_errors(work_errors) if committed else {}
+        for line, row in old.items():
+            if line in good_lines and row[0] not in committed:
+                errors[line] = row
+        groups = _groups(good, commit_every, committed, set(errors))
+        if writer.complete and groups:
+            raise ExtractError(
+                f"{work_store} is finished but {sum(map(len, groups))} samples are neither in "
+                f"it nor in {work_errors}; delete {work_store.parent} and rerun"
+            )
+        bar = tqdm(
+            total=len(members),
+            initial=len(committed) + len(errors),
+            unit="sample",
+            desc=f"extract {split}/{shard:03d}",
+            disable=not progress,
+            mininterval=2.0,
+        )
+        t0, tokens, commits = time.monotonic(), 0, 0
+        seconds["setup"] = time.perf_counter() - start
+        with HFCapture(target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id) as cap:
+            for group in groups:
+                results: dict[int, tuple] = {}
+                tick = time.perf_counter()
+                for batch in _batches(group, batch_size):
+                    outs = cap.capture([group[i].input_ids for i in batch])
+                    results.update(zip(batch, outs, strict=True))
+                seconds["capture"] += time.perf_counter() - tick
+                tick = time.perf_counter()
+                for i, g in enumerate(group):
+                    aux, final = results[i]
+                    if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
+                        errors[g.line] = (g.sample_id, "non_finite", "the target gave NaN or Inf")
+                        continue
+                    errors.pop(g.line, None)
+                    writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
+                    tokens += len(g.input_ids)
+                writer.commit()
+                write_errors(work_errors, errors)
+                seconds["write"] += time.perf_counter() - tick
+                commits += 1
+                bar.update(len(group))
+                bar.set_postfix(tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
+                if stop_after_commits is not None and commits >= stop_after_commits:
+                    raise Interrupted(f"stopped after {commits} commits (as asked)")
+        bar.close()
+        writer.finish()
+        outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
+    finally:
+        writer.close()
+    write_errors(work_errors, errors)
+    # The table is copied, not moved, until the store is in place: a job killed between the
+    # two steps is rerun by Snakemake, which resumes the finished scratch store and its table.
+    _copy_atomic(work_errors, errors_csv)
+    if out_store.exists():
+        shutil.rmtree(out_store)
+    os.replace(work_store, out_store)
+    work_errors.unlink()
+    with contextlib.suppress(OSError):
+        work_store.parent.rmdir()  # only when empty
+    outcome.errors = _count(errors)
+    seconds["total"] = time.perf_counter() - start
+    outcome.seconds = seconds
+    log.info(
+        "%s: %d samples, %d tokens, %d errors %s",
+        out_store,
+        outcome.samples,
+        outcome.tokens,
+        len(errors),
+        outcome.errors,
+    )
+    return outcome
+
+
+def _count(errors: dict) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _, reason, _ in errors.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts

@@ -1,0 +1,50 @@
+# Validate stage: each shard store against its input, the store format and the target; then
+# one summary table that fails the run past validate.max_errors.
+
+
+rule validate_shard:
+    input:
+        store=f"{R}/store/{{split}}/shard-{{shard}}.zarr",
+        errors=f"{R}/store/{{split}}/shard-{{shard}}.errors.csv",
+        data=f"{R}/data/{{split}}.jsonl",
+        target=target_config(),
+    output:
+        report=f"{R}/validate/{{split}}/shard-{{shard}}.json",
+    params:
+        target=lambda wildcards, input: os.path.dirname(input.target),
+        architecture=config["target"]["architecture"],
+        capture=config["capture"],
+        shards=config["extract"]["shards"],
+        max_tokens=config["dataset"]["max_tokens"],
+        validate=config["validate"],
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    log:
+        f"{R}/logs/validate/{{split}}/shard-{{shard}}.log",
+    benchmark:
+        f"{R}/benchmarks/validate/{{split}}/shard-{{shard}}.tsv"
+    conda:
+        "../envs/eyrie.yaml"
+    script:
+        "../scripts/validate_shard.py"
+
+
+rule validate_summary:
+    input:
+        reports=expand(f"{R}/validate/{{split}}/shard-{{shard}}.json", split=SPLITS, shard=SHARDS),
+        stores=expand(f"{R}/store/{{split}}/shard-{{shard}}.zarr", split=SPLITS, shard=SHARDS),
+    output:
+        csv=f"{R}/validate/summary.csv",
+        md=f"{R}/validate/summary.md",
+    params:
+        max_errors=config["validate"]["max_errors"],
+    log:
+        f"{R}/logs/validate/summary.log",
+    benchmark:
+        f"{R}/benchmarks/validate/summary.tsv"
+    conda:
+        "../envs/eyrie.yaml"
+    script:
+        "../scripts/validate_summary.py"

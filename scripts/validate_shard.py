@@ -1,0 +1,40 @@
+"""Snakemake adapter for rule validate_shard: eyrie.validate.validate_shard, report as JSON."""
+
+import contextlib
+
+import torch
+
+from eyrie.extract import ExtractError
+from eyrie.target import TargetError
+from eyrie.validate import validate_shard, write_json
+
+sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
+
+torch.set_num_threads(sm.threads)
+v = sm.params.validate
+error = None
+with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    try:
+        report = validate_shard(
+            store=sm.input.store,
+            errors_csv=sm.input.errors,
+            data_path=sm.input.data,
+            target_path=sm.params.target,
+            architecture=sm.params.architecture,
+            split=sm.wildcards.split,
+            shard=int(sm.wildcards.shard),
+            shards=sm.params.shards,
+            max_tokens=sm.params.max_tokens,
+            aux_layer_ids=sm.params.capture["aux_layer_ids"],
+            device=sm.params.capture["device"],
+            spot_check_samples=v["spot_check_samples"],
+            min_cosine=v["min_cosine"],
+            min_greedy_match=v["min_greedy_match"],
+        )
+        write_json(report, sm.output.report)
+        print(f"{report['errors']} errors: {report['error_counts']}")
+    except (ExtractError, TargetError) as exc:
+        error = exc
+        print(f"error: {exc}")
+if error is not None:
+    raise SystemExit(f"error: {error}")

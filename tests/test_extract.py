@@ -1,0 +1,285 @@
+"""Extraction end to end: membership, errors table, values, and bit-exact resume after a kill."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from tiny_target import build_llama, write_split
+
+from eyrie.extract import Interrupted, extract_shard, read_split, shard_members, work_paths
+from eyrie.target import TargetError
+
+N = 24
+MAX_TOKENS = 80
+CAPTURE = {"backend": "hf", "aux_layer_ids": None, "device": "cpu", "batch_size": 3}
+EXTRACT = {"shards": 2, "chunk_tokens": 32, "shard_tokens": 256}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("extract")
+    target = build_llama(root / "target", layers=8)
+    data = write_split(root / "data" / "train.jsonl", N)
+    with open(data, "a", encoding="utf-8") as f:  # a repeated id and a line without messages
+        f.write(json.dumps({"id": "s004", "messages": [{"role": "user", "content": "x"}]}) + "\n")
+        f.write(json.dumps({"id": "bare"}) + "\n")
+    return root, target, data
+
+
+def run(setup, out: Path, shard=0, **kw):
+    root, target, data = setup
+    kw.setdefault("max_tokens", MAX_TOKENS)
+    return extract_shard(
+        data_path=data,
+        target_path=target,
+        split="train",
+        shard=shard,
+        out_store=out / f"shard-{shard:03d}.zarr",
+        errors_csv=out / f"shard-{shard:03d}.errors.csv",
+        capture=CAPTURE,
+        extract=EXTRACT,
+        commit_every=3,
+        progress=False,
+        **kw,
+    )
+
+
+def read_store(path: Path) -> dict:
+    group = zarr.open_group(str(path), mode="r")
+    out = {name: np.asarray(group[name][:]) for name in group.array_keys()}
+    out["attrs"] = dict(group.attrs)
+    out["commit"] = json.loads((path / "commit.json").read_text())
+    return out
+
+
+def assert_same_store(a: Path, b: Path) -> None:
+    x, y = read_store(a), read_store(b)
+    assert x.keys() == y.keys()
+    for key in x:
+        if isinstance(x[key], np.ndarray):
+            assert x[key].dtype == y[key].dtype and np.array_equal(x[key], y[key]), key
+        else:
+            assert x[key] == y[key], key
+
+
+def errors_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    outcomes = [run(setup, out, shard=s) for s in (0, 1)]
+    return out, outcomes
+
+
+def test_every_sample_is_stored_or_listed(setup, uninterrupted):
+    _, _, data = setup
+    out, outcomes = uninterrupted
+    records = read_split(data)
+    seen_lines = []
+    for shard in (0, 1):
+        store = read_store(out / f"shard-{shard:03d}.zarr")
+        rows = errors_rows(out / f"shard-{shard:03d}.errors.csv")
+        members = shard_members(records, shard, 2)
+        ids = list(store["sample_id"])
+        assert len(ids) == len(set(ids)) == outcomes[shard].samples
+        listed = {int(r["line"]) for r in rows}
+        by_id = {}
+        for r in members:
+            by_id.setdefault(r.sample_id, r.line)  # a repeated id names its first line
+        stored_lines = {by_id[i] for i in ids}
+        assert stored_lines.isdisjoint(listed)
+        assert stored_lines | listed == {r.line for r in members}
+        seen_lines += [*stored_lines, *listed]
+        assert store["attrs"]["complete"] is True
+        assert store["attrs"]["aux_layer_ids"] == [1, 3, 4]
+        assert store["offsets"][-1] == store["commit"]["num_tokens"] == outcomes[shard].tokens
+    assert sorted(seen_lines) == list(range(1, N + 3))
+    reasons = {
+        r["sample_id"]: r["reason"]
+        for s in (0, 1)
+        for r in errors_rows(out / f"shard-{s:03d}.errors.csv")
+    }
+    assert reasons["bare"] == "bad_line"
+    assert "too_long" in reasons.values()
+    dup = [
+        r
+        for s in (0, 1)
+        for r in errors_rows(out / f"shard-{s:03d}.errors.csv")
+        if r["reason"] == "duplicate_id"
+    ]
+    assert [(r["sample_id"], r["line"]) for r in dup] == [("s004", str(N + 1))]
+    assert not any(work_paths(out / "x.zarr", out / "x.csv")[0].parent.glob("*"))
+
+
+def test_stored_values_match_plain_forward(setup, uninterrupted):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, target, data = setup
+    out, _ = uninterrupted
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    tok = AutoTokenizer.from_pretrained(target)
+    msgs = {r.sample_id: r.messages for r in read_split(data)}
+    store = read_store(out / "shard-001.zarr")
+    off = store["offsets"]
+    for i, sid in enumerate(store["sample_id"]):
+        ids = store["input_ids"][off[i] : off[i + 1]]
+        ref_ids = tok.apply_chat_template(msgs[sid], tokenize=True)["input_ids"][:MAX_TOKENS]
+        assert ids.tolist() == ref_ids
+        with torch.no_grad():
+            hs = model(torch.as_tensor(ids, dtype=torch.long)[None], output_hidden_states=True)
+        aux = torch.from_numpy(store["aux_hidden"][off[i] : off[i + 1]].view(np.int16))
+        aux = aux.view(torch.bfloat16)
+        for j, layer in enumerate([1, 3, 4]):
+            torch.testing.assert_close(aux[:, j], hs.hidden_states[layer + 1][0].bfloat16())
+        final = torch.from_numpy(store["final_hidden"][off[i] : off[i + 1]].view(np.int16))
+        torch.testing.assert_close(final.view(torch.bfloat16), hs.hidden_states[-1][0].bfloat16())
+        mask = store["loss_mask"][off[i] : off[i + 1]]
+        text = tok.decode(ids[mask.astype(bool)])  # cut samples end mid-answer
+        assert text and text[:6] == "Answer"[: len(text)]
+
+
+def test_interrupted_and_resumed_is_bit_exact(setup, uninterrupted, tmp_path):
+    full, _ = uninterrupted
+    with pytest.raises(Interrupted):
+        run(setup, tmp_path, stop_after_commits=2)
+    work_store, work_errors = work_paths(tmp_path / "shard-000.zarr", tmp_path / "x.csv")
+    assert work_store.is_dir() and not (tmp_path / "shard-000.zarr").exists()
+    committed = read_store(work_store)["commit"]["num_samples"]
+    assert 0 < committed < read_store(full / "shard-000.zarr")["commit"]["num_samples"]
+    with pytest.raises(Interrupted):  # a second interruption, on the resumed run
+        run(setup, tmp_path, stop_after_commits=1)
+    run(setup, tmp_path)
+    assert_same_store(tmp_path / "shard-000.zarr", full / "shard-000.zarr")
+    assert errors_rows(tmp_path / "shard-000.errors.csv") == errors_rows(
+        full / "shard-000.errors.csv"
+    )
+
+
+def test_changed_setup_restarts_the_scratch_store(setup, tmp_path):
+    with pytest.raises(Interrupted):
+        run(setup, tmp_path / "a", stop_after_commits=1)
+    run(setup, tmp_path / "a", max_tokens=60)
+    run(setup, tmp_path / "b", max_tokens=60)
+    assert_same_store(tmp_path / "a" / "shard-000.zarr", tmp_path / "b" / "shard-000.zarr")
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, time
+    import eyrie.capture_hf as cap
+    from eyrie.extract import extract_shard
+
+    slow = float(sys.argv[2])
+    if slow:
+        orig = cap.HFCapture.capture
+        def capture(self, seqs):
+            time.sleep(slow)
+            return orig(self, seqs)
+        cap.HFCapture.capture = capture
+    out = sys.argv[1]
+    extract_shard(data_path=sys.argv[3], target_path=sys.argv[4], split="train", shard=0,
+                  out_store=out + "/shard-000.zarr", errors_csv=out + "/shard-000.errors.csv",
+                  capture={CAPTURE!r}, extract={EXTRACT!r}, max_tokens={MAX_TOKENS},
+                  commit_every=3, progress=False)
+    """
+).format(CAPTURE=CAPTURE, EXTRACT=EXTRACT, MAX_TOKENS=MAX_TOKENS)
+
+
+def test_sigkill_then_resume_is_bit_exact(setup, tmp_path):
+    """A real SIGKILL mid-run; every run is a fresh process with the same thread count."""
+    root, target, data = setup
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def start(out: Path, slow: float) -> subprocess.Popen:
+        cmd = [sys.executable, str(driver), str(out), str(slow), str(data), str(target)]
+        return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+
+    killed = tmp_path / "killed"
+    proc = start(killed, 0.3)
+    commit = work_paths(killed / "shard-000.zarr", killed / "x")[0] / "commit.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if commit.is_file() and json.loads(commit.read_text())["num_samples"] >= 3:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "shard-000.zarr").exists()
+    for out, slow in ((killed, 0), (tmp_path / "clean", 0)):
+        p = start(out, slow)
+        assert p.wait() == 0, p.stderr.read().decode()[-2000:]
+        p.stderr.close()
+    proc.stderr.close()
+    assert_same_store(killed / "shard-000.zarr", tmp_path / "clean" / "shard-000.zarr")
+    assert errors_rows(killed / "shard-000.errors.csv") == errors_rows(
+        tmp_path / "clean" / "shard-000.errors.csv"
+    )
+
+
+def test_missing_target_names_the_key(setup, tmp_path):
+    root, _, data = setup
+    with pytest.raises(TargetError, match=r"target\.path: .*nowhere"):
+        extract_shard(
+            data_path=data,
+            target_path=tmp_path / "nowhere",
+            split="train",
+            shard=0,
+            out_store=tmp_path / "s.zarr",
+            errors_csv=tmp_path / "e.csv",
+            capture=CAPTURE,
+            extract=EXTRACT,
+            max_tokens=MAX_TOKENS,
+            progress=False,
+        )
+
+
+def test_target_without_chat_template_is_refused(setup, tmp_path):
+    import shutil
+
+    from eyrie.target import load_tokenizer
+
+    _, target, _ = setup
+    copy = shutil.copytree(target, tmp_path / "t")
+    (copy / "chat_template.jinja").unlink()
+    cfg = json.loads((copy / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (copy / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TargetError, match=r"target\.path: .*no chat template"):
+        load_tokenizer(copy)
+
+
+def test_target_without_tokenizer_is_refused(setup, tmp_path):
+    from eyrie.target import load_tokenizer
+
+    _, target, _ = setup
+    (tmp_path / "t").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "t" / name).write_bytes((target / name).read_bytes())
+    with pytest.raises(TargetError, match=r"target\.path: .*holds no tokenizer"):
+        load_tokenizer(tmp_path / "t")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_cuda_without_gpu_is_a_clear_error():
+    from eyrie.target import resolve_device
+
+    with pytest.raises(TargetError, match="capture.device is 'cuda'"):
+        resolve_device("cuda")

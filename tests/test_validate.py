@@ -1,0 +1,300 @@
+"""Validation: a clean extraction passes, and each kind of damage is caught and named."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from tiny_target import build_llama, write_split
+
+from eyrie.extract import extract_shard
+from eyrie.store import ShardReader, ShardWriter
+from eyrie.validate import summarize, validate_shard, write_json
+
+N = 20
+MAX_TOKENS = 80
+CAPTURE = {"backend": "hf", "aux_layer_ids": None, "device": "cpu", "batch_size": 4}
+EXTRACT = {"shards": 2, "chunk_tokens": 32, "shard_tokens": 256}
+NAN, ZERO = 0x7FC0, 0
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    root = tmp_path_factory.mktemp("validate")
+    target = build_llama(root / "target", layers=8)
+    data = write_split(root / "train.jsonl", N)
+    for shard in (0, 1):
+        extract_shard(
+            data_path=data,
+            target_path=target,
+            split="train",
+            shard=shard,
+            out_store=root / f"shard-{shard:03d}.zarr",
+            errors_csv=root / f"shard-{shard:03d}.errors.csv",
+            capture=CAPTURE,
+            extract=EXTRACT,
+            max_tokens=MAX_TOKENS,
+            progress=False,
+        )
+    return root, target, data
+
+
+def copy_shard(clean, dst: Path, shard: int = 0) -> tuple[Path, Path]:
+    root = clean[0]
+    store = shutil.copytree(root / f"shard-{shard:03d}.zarr", dst / f"shard-{shard:03d}.zarr")
+    errors = shutil.copy(root / f"shard-{shard:03d}.errors.csv", dst / f"shard-{shard:03d}.csv")
+    return Path(store), Path(errors)
+
+
+def check(clean, store, errors, shard=0, **kw) -> dict:
+    _, target, data = clean
+    kw.setdefault("spot_check_samples", 3)
+    return validate_shard(
+        store=store,
+        errors_csv=errors,
+        data_path=data,
+        target_path=target,
+        split="train",
+        shard=shard,
+        shards=2,
+        max_tokens=MAX_TOKENS,
+        min_greedy_match=0.9,
+        device="cpu",
+        **kw,
+    )
+
+
+def own_kinds(report: dict) -> dict:
+    """Problems found by validation itself (rows of the extraction's table left out)."""
+    return {k: v for k, v in report["error_counts"].items() if not k.startswith("extract:")}
+
+
+def edit(store: Path, name: str, index, value) -> None:
+    arr = zarr.open_group(str(store), mode="r+")[name]
+    arr[index] = value
+
+
+def offsets(store: Path) -> np.ndarray:
+    return np.asarray(zarr.open_group(str(store), mode="r")["offsets"][:])
+
+
+def assert_in_summary(report: dict, kind: str, tmp_path: Path) -> None:
+    """The kind shows in the summary table, and the summary fails on it."""
+    import pandas as pd
+
+    path = tmp_path / "report.json"
+    write_json(report, path)
+    extract_errors = sum(v for k, v in report["error_counts"].items() if k.startswith("extract:"))
+    ok, msg = summarize([path], tmp_path / "s.csv", tmp_path / "s.md", max_errors=extract_errors)
+    assert not ok and kind in msg
+    table = pd.read_csv(tmp_path / "s.csv")
+    assert table.iloc[-1][f"err:{kind}"] == report["error_counts"][kind] >= 1
+    assert f"`{kind}`" in (tmp_path / "s.md").read_text()
+
+
+def test_clean_shards_pass(clean):
+    root = clean[0]
+    for shard in (0, 1):
+        store, errors = root / f"shard-{shard:03d}.zarr", root / f"shard-{shard:03d}.errors.csv"
+        r = check(clean, store, errors, shard=shard, spot_check_samples=100)
+        assert own_kinds(r) == {}, r["problems"]
+        listed = sum(1 for _ in csv.DictReader(open(errors)))
+        assert r["errors"] == listed and r["samples"] + listed == len(range(shard, N, 2))
+        assert r["tokens"] == r["expected_tokens"] > 0
+        assert r["samples"] == r["expected_samples"]
+        assert r["min_cosine"] > 0.999 and r["greedy_match"] >= 0.9
+        assert set(r["cosine"]) == {"aux_1", "aux_3", "aux_4", "final"}
+        assert r["greedy_tokens"] == r["tokens"]  # every sample was spot-checked
+        assert r["compression_ratio"] > 1.0 and r["bytes_per_token"] > 0
+
+
+def test_corrupted_chunk(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    chunk = store / "aux_hidden" / "c" / "0" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[100:108] = bytes(b ^ 0xFF for b in data[100:108])
+    chunk.write_bytes(data)
+    r = check(clean, store, errors, spot_check_samples=0)
+    assert own_kinds(r).get("checksum", 0) >= 1
+    assert all(p["sample_id"] for p in r["problems"] if p["kind"] == "checksum")
+    assert_in_summary(r, "checksum", tmp_path)
+
+
+def test_missing_sample(clean, tmp_path):
+    src, errors = copy_shard(clean, tmp_path / "src")
+    reader = ShardReader(src)
+    dst = tmp_path / "shard-000.zarr"
+    writer = ShardWriter(
+        dst,
+        hidden_size=reader.hidden_size,
+        aux_layer_ids=reader.aux_layer_ids,
+        provenance=reader.attrs["provenance"],
+        chunk_tokens=32,
+        shard_tokens=256,
+    )
+    dropped = reader.sample_ids[2]
+    for i in range(len(reader)):
+        s = reader[i]
+        if s["sample_id"] != dropped:
+            writer.append(
+                s["sample_id"], s["input_ids"], s["loss_mask"], s["aux_hidden"], s["final_hidden"]
+            )
+    writer.finish()
+    writer.close()
+    r = check(clean, dst, errors)
+    assert own_kinds(r) == {"missing": 1}
+    assert [p["sample_id"] for p in r["problems"] if p["kind"] == "missing"] == [dropped]
+    assert_in_summary(r, "missing", tmp_path)
+
+
+def test_missing_errors_row(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    rows = list(csv.DictReader(open(errors)))
+    assert rows, "the fixture must have extraction errors"
+    with open(errors, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows[1:])
+    r = check(clean, store, errors, spot_check_samples=0)
+    assert own_kinds(r) == {"missing": 1}
+
+
+def test_duplicated_sample(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    ids = zarr.open_group(str(store), mode="r")["sample_id"][:]
+    edit(store, "sample_id", 3, str(ids[1]))
+    r = check(clean, store, errors, spot_check_samples=0)
+    kinds = own_kinds(r)
+    assert kinds["duplicate"] == 1 and kinds["missing"] == 1
+    assert_in_summary(r, "duplicate", tmp_path)
+
+
+def test_non_finite_value(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    edit(store, "aux_hidden", (int(offsets(store)[2]) + 1, 1, 5), NAN)
+    r = check(clean, store, errors, spot_check_samples=0)
+    assert own_kinds(r) == {"non_finite": 1}
+    assert_in_summary(r, "non_finite", tmp_path)
+
+
+def test_zero_row(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    edit(store, "final_hidden", int(offsets(store)[1]), np.zeros(32, dtype=np.uint16) + ZERO)
+    r = check(clean, store, errors, spot_check_samples=0)
+    assert own_kinds(r) == {"zero_rows": 1}
+    assert_in_summary(r, "zero_rows", tmp_path)
+
+
+def test_offset_error(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    off = offsets(store)
+    edit(store, "offsets", 3, int(off[2]))
+    r = check(clean, store, errors, spot_check_samples=0)
+    assert own_kinds(r).get("offsets", 0) >= 1
+    assert_in_summary(r, "offsets", tmp_path)
+
+
+def test_wrong_input_ids(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    at = int(offsets(store)[2]) + 3
+    old = int(zarr.open_group(str(store), mode="r")["input_ids"][at])
+    edit(store, "input_ids", at, old + 1)
+    r = check(clean, store, errors, spot_check_samples=0)
+    assert own_kinds(r) == {"input_ids": 1}
+    assert_in_summary(r, "input_ids", tmp_path)
+
+
+def test_wrong_final_state_fails_cosine_and_greedy(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    group = zarr.open_group(str(store), mode="r+")
+    group["final_hidden"][:] = group["aux_hidden"][:, 2, :]  # a layer output, not the final norm
+    r = check(clean, store, errors, spot_check_samples=100)
+    assert r["cosine"]["final"] < 0.999 and r["cosine"]["aux_4"] > 0.999
+    assert own_kinds(r)["cosine"] == 1 and own_kinds(r)["greedy"] == 1
+    assert_in_summary(r, "greedy", tmp_path)
+
+
+def test_incomplete_store_and_wrong_layers(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    zarr.open_group(str(store), mode="r+").attrs["complete"] = False
+    r = check(clean, store, errors, spot_check_samples=0, aux_layer_ids=[1, 2, 4])
+    assert own_kinds(r) == {"incomplete": 1, "aux_layer_ids": 1}
+    assert_in_summary(r, "incomplete", tmp_path)
+
+
+def test_unreadable_store(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    (store / "zarr.json").unlink()
+    r = check(clean, store, errors)
+    assert "unreadable" in own_kinds(r)
+    assert_in_summary(r, "unreadable", tmp_path)
+
+
+def test_summary_counts_every_kind_and_fails(clean, tmp_path):
+    root = clean[0]
+    reports = []
+    r0 = check(clean, root / "shard-000.zarr", root / "shard-000.errors.csv")
+    r1 = check(clean, root / "shard-001.zarr", root / "shard-001.errors.csv", shard=1)
+    for r in (r0, r1):
+        path = tmp_path / f"{r['shard']}.json"
+        write_json(r, path)
+        reports.append(path)
+    extract_errors = r0["errors"] + r1["errors"]
+    ok, msg = summarize(reports, tmp_path / "s.csv", tmp_path / "s.md", max_errors=extract_errors)
+    assert ok, msg
+    ok, msg = summarize(reports, tmp_path / "s.csv", tmp_path / "s.md", max_errors=0)
+    assert not ok and "max_errors" in msg
+
+    # a damaged copy of shard 0, plus a shard 1 that also stores one of shard 0's samples
+    bad, errors = copy_shard(clean, tmp_path / "bad")
+    group = zarr.open_group(str(bad), mode="r+")
+    edit(bad, "aux_hidden", (int(offsets(bad)[1]), 0, 0), NAN)
+    edit(bad, "input_ids", int(offsets(bad)[3]), int(group["input_ids"][int(offsets(bad)[3])]) + 1)
+    chunk = bad / "final_hidden" / "c" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[64:72] = bytes(b ^ 0xFF for b in data[64:72])
+    chunk.write_bytes(data)
+    foreign = ShardReader(root / "shard-000.zarr")[0]
+    src1 = ShardReader(root / "shard-001.zarr")
+    w = ShardWriter(
+        tmp_path / "s1" / "shard-001.zarr",
+        hidden_size=src1.hidden_size,
+        aux_layer_ids=src1.aux_layer_ids,
+        provenance=src1.attrs["provenance"],
+        chunk_tokens=32,
+        shard_tokens=256,
+    )
+    for s in [src1[i] for i in range(len(src1))] + [foreign]:
+        w.append(s["sample_id"], s["input_ids"], s["loss_mask"], s["aux_hidden"], s["final_hidden"])
+    w.finish()
+    w.close()
+    rb = check(clean, bad, errors, spot_check_samples=0)
+    r1b = check(
+        clean,
+        tmp_path / "s1" / "shard-001.zarr",
+        root / "shard-001.errors.csv",
+        shard=1,
+        spot_check_samples=0,
+    )
+    paths = []
+    for r in (rb, r1b):
+        path = tmp_path / "bad" / f"{r['shard']}.json"
+        write_json(r, path)
+        paths.append(path)
+    ok, msg = summarize(paths, tmp_path / "b.csv", tmp_path / "b.md", max_errors=extract_errors)
+    assert not ok
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "b.csv")
+    total = table[table["split"] == "all"].iloc[0]
+    for kind in ("non_finite", "input_ids", "checksum", "unexpected", "cross_shard"):
+        assert total[f"err:{kind}"] >= 1, kind
+    assert any(c.startswith("err:extract:") for c in table.columns)
+    md = (tmp_path / "b.md").read_text()
+    assert "cross_shard" in md and "| all | all |" in md
+    assert json.loads(paths[0].read_text())["error_counts"]["non_finite"] == 1

@@ -12,15 +12,25 @@ configfile: "config.yaml"
 validate(config, "eyrie/schemas/config.schema.yaml")
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/target.smk"
 include: "rules/verify.smk"
+include: "rules/patch.smk"
 include: "rules/extract.smk"
 include: "rules/validate.smk"
+include: "rules/train.smk"
+include: "rules/evaluate.smk"
 
 
 rule all:
     input:
         final_outputs(),
     default_target: True
+
+
+# Keep last: gives every rule above its cluster requests from config["resources"].
+include: "rules/resources.smk"

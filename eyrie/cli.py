@@ -18,6 +18,18 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "config": ("eyrie.config_cli", "validate a workflow config and print it with defaults filled"),
     "dataset": ("eyrie.dataset_cli", "read a chat dataset and report every bad line"),
     "make-dataset": ("eyrie.chat_corpus", "build the shipped chat dataset from the stdlib docs"),
+    "extract": ("eyrie.extract_cli", "capture one shard's hidden states into a shard store"),
+    "validate": ("eyrie.validate_cli", "check shard stores against their input and the target"),
+    "verify": ("eyrie.verify_cli", "check statically that aux-state capture reaches the target"),
+    "patch-server": ("eyrie.patch_cli", "build the SGLang capture patch from the verify report"),
+    "compare-stores": ("eyrie.compare_stores", "compare two extractions of the same samples"),
+    "draft-vocab": ("eyrie.train_cli", "pick the draft vocabulary (d2t, t2d) from train stores"),
+    "train": ("eyrie.train_cli", "train the EAGLE-3 drafter on shard stores (torchrun for DDP)"),
+    "export": ("eyrie.train_cli", "write the trained drafter in SGLang and vLLM form, checked"),
+    "check-export": ("eyrie.train_cli", "refuse a drafter folder an engine would misread"),
+    "evaluate": ("eyrie.evaluate_cli", "offline acceptance (acc_k, tau) on the held-out stores"),
+    "speculate": ("eyrie.evaluate_cli", "speculative vs greedy decoding: speed, accept length"),
+    "report": ("eyrie.evaluate_cli", "figures and summary.md (verdict first) of a run"),
 }
 
 

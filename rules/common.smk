@@ -1,7 +1,5 @@
 # Shared helpers for every stage: paths, splits and the target folder.
 
-import os
-
 R = config["results"]
 SPLITS = ["train", "heldout"]
 SHARDS = [f"{i:03d}" for i in range(config["extract"]["shards"])]
@@ -31,11 +29,8 @@ def dataset_source(wildcards):
 
 def final_outputs():
     outputs = [f"{R}/verify/report.json", f"{R}/validate/summary.csv"]
+    outputs += [f"{R}/train/metrics.csv", f"{R}/train/heldout.json"]
+    outputs += expand(f"{R}/export/{{engine}}", engine=config["export"]["engines"])
+    outputs += expand(f"{R}/export/{{engine}}.check.json", engine=config["export"]["engines"])
+    outputs += [f"{R}/report/summary.md"]
     return outputs
-
-
-# Rules run `python -m eyrie...` and scripts that import eyrie: make the package importable in
-# every job (conda envs and cluster jobs included) without installing it there.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (workflow.basedir, os.environ.get("PYTHONPATH", "")) if p
-)

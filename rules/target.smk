@@ -8,16 +8,13 @@ rule build_toy_deepseek:
         config=f"{R}/targets/{TOY_DEEPSEEK}/config.json",
         weights=f"{R}/targets/{TOY_DEEPSEEK}/model.safetensors",
     params:
-        out=f"{R}/targets/{TOY_DEEPSEEK}",
-        tokenizer="models/toy-llama",
         seed=config["target"]["toy_seed"],
-        tiny="--tiny" if config["target"]["toy_tiny"] else "",
+        tiny=config["target"]["toy_tiny"],
     log:
         f"{R}/logs/build_toy_deepseek.log",
     benchmark:
         f"{R}/benchmarks/build_toy_deepseek.tsv"
     conda:
         "../envs/eyrie.yaml"
-    shell:
-        "python -m eyrie.toy.deepseek --out {params.out} --tokenizer {params.tokenizer}"
-        " --seed {params.seed} {params.tiny} > {log} 2>&1"
+    script:
+        "../scripts/build_toy_deepseek.py"

@@ -1,0 +1,111 @@
+"""Speculative decoding against plain greedy decoding of the same prompts (same run, batch 1).
+
+Both use eyrie.speculate's one KV-cache code path (transformers DynamicCache; the target runs
+once per token in plain decoding, once per verify step in speculation). Runs alternate per
+prompt, after a warm-up; tokens/s count new tokens over wall-clock time, prefill included.
+Prints the machine, both tokens/s, the ratio, the mean accept length (tokens per verify step,
+bonus included) and whether every output equalled plain greedy decoding. On a shared machine
+the ratio is only as steady as the CPU is free.
+
+    python benchmarks/bench_speculate.py                               # toy-llama, CPU
+    python benchmarks/bench_speculate.py --device cuda --draft-tokens 1 2 3 4 5
+    python benchmarks/bench_speculate.py --untrained                   # a random drafter
+
+The drafter defaults to results/train/drafter (the default workflow's); ``--untrained`` uses a
+random one instead, which shows what rejected drafts cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eyrie import speculate as sp  # noqa: E402
+
+
+def untrained_pair(target_dir: Path, device, dtype: str, aux: list[int]):
+    from eyrie.drafter import Drafter, DrafterConfig
+    from eyrie.target import load_model, load_tokenizer
+
+    model, _ = load_model(target_dir, device)
+    model = model.to(device, sp.DTYPES[dtype])
+    cfg = json.loads((target_dir / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    torch.manual_seed(0)
+    n = min(1024, int(text["vocab_size"]))
+    drafter = Drafter(DrafterConfig.from_target(cfg, num_aux=len(aux), draft_vocab_size=n))
+    t2d = torch.zeros(int(text["vocab_size"]), dtype=torch.bool)
+    t2d[:n] = True
+    drafter.set_vocab(torch.zeros(n, dtype=torch.long), t2d)
+    drafter = drafter.to(device, sp.DTYPES[dtype]).eval()
+    target = sp.Target(model, aux)
+    return target, sp.DraftRunner(drafter, target.embed), load_tokenizer(target_dir)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=str(ROOT / "models" / "toy-llama"))
+    ap.add_argument("--drafter", default=str(ROOT / "results" / "train" / "drafter"))
+    ap.add_argument("--untrained", action="store_true", help="a random drafter instead")
+    ap.add_argument("--prompts-jsonl", default=str(ROOT / "data" / "chat" / "heldout.jsonl"))
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--draft-tokens", type=int, nargs="+", default=[3])
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--dtype", default="float32", choices=sorted(sp.DTYPES))
+    ap.add_argument("--threads", type=int, help="CPU threads for torch")
+    ap.add_argument("--json", help="also write every result here")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    device = sp.pick_device(args.device)
+    target_dir = Path(args.target)
+    if args.untrained:
+        target, runner, tok = untrained_pair(target_dir, device, args.dtype, [1, 3, 4])
+        drafter = "untrained (random weights)"
+    else:
+        if not (Path(args.drafter) / "drafter.json").is_file():
+            sys.exit(
+                f"no trained drafter in {args.drafter}: run the workflow (snakemake --cores 2), "
+                "pass --drafter, or use --untrained"
+            )
+        target, runner, tok, _ = sp.load_pair(target_dir, args.drafter, device, args.dtype)
+        drafter = args.drafter
+    prompts = sp.load_prompts(args.prompts_jsonl, tok, args.prompts)
+    eos = sp.eos_ids(tok, target.model.config)
+    m = sp.machine()
+    print(
+        f"machine: CPU {m['cpu']} ({m['cpu_cores']} cores, torch threads {m['torch_threads']}) "
+        f"| GPU {m['gpu'] or 'none'} | torch {m['torch']} | transformers {m.get('transformers')}"
+    )
+    print(
+        f"target {target_dir} on {device} ({args.dtype}); drafter {drafter}; "
+        f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, batch 1, greedy"
+    )
+    results = []
+    for k in args.draft_tokens:
+        r = sp.compare(target, runner, prompts, k=k, max_new_tokens=args.max_new_tokens, eos=eos)
+        r.pop("rows")
+        results.append(r)
+        print(
+            f"k={k}: plain {r['plain_tokens_per_s']:.1f} tok/s | speculative "
+            f"{r['spec_tokens_per_s']:.1f} tok/s | ratio {r['speedup']:.2f}x | mean accept "
+            f"length {r['accept_length']:.2f} (drafts accepted {r['accepted_drafts_mean']:.2f} "
+            f"of {k}) | identical to greedy {r['identical']}/{r['prompts']}"
+        )
+    target.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": m, "results": results}, indent=1))
+    return 0 if all(r["identical"] == r["prompts"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""The SGLang server of one extract job: started, watched, and always stopped.
+
+`python -m sglang.launch_server` runs on 127.0.0.1 and a free port, in its own process group
+(SGLang starts scheduler and detokenizer processes; stopping the group reaches them all), with
+its output in a log file. Readiness is GET /health answering 200 within a timeout; a server
+that exits or times out first raises ServerError carrying the log's last lines. The server is
+stopped on every way out of the `with` block: normal end, exception, or SIGTERM to the job
+(turned into SystemExit while the block runs). On Linux the launcher also gets SIGTERM when the
+job dies without a chance to clean up (PR_SET_PDEATHSIG); SGLang's own processes follow it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+LAUNCHER = [sys.executable, "-m", "sglang.launch_server"]
+# Flags seen working with SGLang 0.5.12 on one H200 (shared notes); the patch's own flags
+# (no radix cache, eager execution, token ids in and out) come from the bundle's manifest.
+DEFAULT_SERVER_ARGS = [
+    "--attention-backend",
+    "triton",
+    "--grammar-backend",
+    "none",
+    "--sampling-backend",
+    "pytorch",
+    "--mem-fraction-static",
+    "0.5",
+]
+# Flags under which hooked states are wrong or cannot be tied to requests.
+REFUSED = {
+    "--enable-two-batch-overlap": "splits a pass in two sub-batches",
+    "--enable-dp-attention": "scatters a pass's tokens over ranks",
+    "--speculative-algorithm": "runs draft and verify passes through the target",
+    "--enable-torch-compile": "compiled modules do not run Python hooks",
+    "--enable-piecewise-cuda-graph": "graph replays do not run Python hooks",
+}
+# Flags whose value must stay 1.
+SINGLE = ("--pp-size", "--pipeline-parallel-size", "--dp-size", "--dp", "--data-parallel-size")
+OWNED = ("--host", "--port", "--model-path", "--tp", "--tp-size", "--forward-hooks")
+
+
+class ServerError(RuntimeError):
+    """The server could not be started or stopped responding; the message carries its log."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path, lines: int = 40) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+def check_server_args(args: list[str]) -> None:
+    """Refuse configured flags that break capture, or that the job sets itself."""
+    for i, arg in enumerate(args):
+        name, _, inline = arg.partition("=")
+        if name in REFUSED:
+            raise ServerError(
+                f"capture.sglang.server_args: {name} {REFUSED[name]}, which capture cannot "
+                "follow; remove it"
+            )
+        if name in OWNED:
+            raise ServerError(
+                f"capture.sglang.server_args: {name} is set by the extract job itself "
+                "(use capture.sglang.tp for the tensor-parallel size); remove it"
+            )
+        if name in SINGLE:
+            value = inline or (args[i + 1] if i + 1 < len(args) else "")
+            if value != "1":
+                raise ServerError(
+                    f"capture.sglang.server_args: {name} {value}: capture supports one "
+                    "pipeline stage and one data-parallel replica per server; use 1"
+                )
+
+
+def launch_command(
+    model_path,
+    port: int,
+    *,
+    launcher: list[str] | None = None,
+    tp: int = 1,
+    chunked_prefill_size: int | None = None,
+    dtype: str | None = None,
+    server_args: list[str] | None = None,
+    patch_args: list[str] | None = None,
+) -> list[str]:
+    """The launch command line: ours first, then the configured flags, then the patch's."""
+    extra = list(DEFAULT_SERVER_ARGS if server_args is None else server_args)
+    check_server_args(extra)
+    cmd = [*(launcher or LAUNCHER), "--model-path", str(model_path)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--tp", str(int(tp))]
+    if chunked_prefill_size:
+        cmd += ["--chunked-prefill-size", str(int(chunked_prefill_size))]
+    if dtype and dtype != "auto":
+        cmd += ["--dtype", dtype]
+    return cmd + extra + list(patch_args or [])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - not ours
+        return True
+    return True
+
+
+def http_ok(url: str, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class SglangServer:
+    """A launched server. Use as a context manager: it is stopped however the block ends."""
+
+    def __init__(self, cmd: list[str], log_path, port: int, *, env: dict | None = None):
+        self.cmd, self.log_path, self.port = list(cmd), Path(log_path), int(port)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self._old_handler = None
+
+    def start(self) -> SglangServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.cmd)}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(
+                    self.cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self.env,
+                    start_new_session=True,  # its own process group: stop() reaches children
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                raise ServerError(f"cannot start the server ({self.cmd[0]}): {exc}") from None
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def failure(self, what: str) -> ServerError:
+        return ServerError(f"{what}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+
+    def wait_ready(self, timeout: float, poll: float = 1.0) -> float:
+        """Seconds until GET /health answered 200; ServerError with the log tail otherwise."""
+        t0 = time.monotonic()
+        while True:
+            code = self.proc.poll() if self.proc else None
+            if code is not None:
+                raise self.failure(f"the SGLang server exited with code {code} before it was ready")
+            if http_ok(f"{self.url}/health"):
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout:
+                raise self.failure(
+                    f"the SGLang server was not ready after {timeout:.0f} s "
+                    "(capture.sglang.launch_timeout_s)"
+                )
+            time.sleep(poll)
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM to the process group, SIGKILL after `grace` seconds; then nothing is left."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            if not _group_alive(pgid):
+                break
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and _group_alive(pgid):
+                self.proc.poll()  # reap the leader, so the group can empty
+                time.sleep(0.05)
+        self.proc.poll()
+
+    def __enter__(self) -> SglangServer:
+        if threading.current_thread() is threading.main_thread():
+            self._old_handler = signal.signal(signal.SIGTERM, _raise_exit)
+        try:
+            return self.start()
+        except BaseException:
+            self._restore()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.stop()
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        if self._old_handler is not None:
+            signal.signal(signal.SIGTERM, self._old_handler)
+            self._old_handler = None
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)

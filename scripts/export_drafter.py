@@ -1,0 +1,59 @@
+"""Snakemake adapter for rule export_drafter: write one engine's folder, then check it again
+against expectations taken from the store and the target, not from the drafter's own record."""
+
+import contextlib
+import json
+import shutil
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from eyrie.draft_vocab import load as load_vocab
+from eyrie.draft_vocab import write_json_atomic
+from eyrie.export import export
+from eyrie.export_check import Expectation, check_export, served_layers
+from eyrie.store import ShardReader
+
+sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
+
+engine, ex = sm.wildcards.engine, dict(sm.params.export)
+with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log):
+    tokens = load_vocab(sm.input.vocab).draft_tokens
+    record = export(
+        Path(sm.input.weights).parent,
+        sm.output.folder,
+        engine,
+        sglang_rule=ex["sglang_layer_id_rule"],
+        dtype=ex["dtype"],
+        speculative_tokens=ex["speculative_tokens"],
+        draft_tokens=tokens,
+    )
+    target = json.loads(Path(sm.input.target).read_text())
+    text = target.get("text_config", target)
+    captured = ShardReader(sm.input.store).aux_layer_ids  # what extraction really captured
+    expect = Expectation(
+        engine=engine,
+        aux_layer_ids=captured,
+        target_num_layers=int(text["num_hidden_layers"]),
+        target_hidden_size=int(text["hidden_size"]),
+        target_vocab_size=int(text["vocab_size"]),
+        sglang_rule=ex["sglang_layer_id_rule"],
+        draft_tokens=tokens,
+        reference=load_file(sm.input.weights),
+    )
+    problems = check_export(sm.output.folder, expect)
+    ids = record["config_layer_ids"]
+    report = {
+        "engine": engine,
+        "ok": not problems,
+        "problems": problems,
+        "captured_aux_layer_ids": captured,
+        "config_layer_ids": ids,
+        "served_layers": served_layers(ids, engine, ex["sglang_layer_id_rule"]),
+        "sglang_layer_id_rule": ex["sglang_layer_id_rule"] if engine == "sglang" else None,
+    }
+    print(json.dumps(report, indent=1))
+if problems:
+    shutil.rmtree(sm.output.folder, ignore_errors=True)
+    raise SystemExit(f"error: {sm.output.folder} refused: " + "; ".join(problems))
+write_json_atomic(sm.output.check, report)

@@ -1,0 +1,38 @@
+"""Snakemake adapter for rule evaluate_sglang: SGLang's own acceptance and speed, or a
+"not run" record naming why (another capture backend, no GPU, no sglang, no SGLang export)."""
+
+import contextlib
+
+from eyrie.evaluate_cli import known_errors, run_online, write_json_atomic
+from eyrie.online_sglang import not_run
+
+sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
+
+ev = sm.params.evaluate
+error = None
+with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    try:
+        if sm.params.backend == "sglang" and not sm.params.draft:
+            rec = not_run("export.engines has no sglang: there is no SGLang drafter to serve")
+            write_json_atomic(sm.output.json, rec)
+        else:
+            rec = run_online(
+                backend=sm.params.backend,
+                target_dir=sm.params.target,
+                draft_dir=sm.params.draft,
+                prompts_jsonl=sm.input.prompts,
+                prompts=ev["prompts"],
+                max_new_tokens=ev["max_new_tokens"],
+                draft_tokens=ev["draft_tokens"],
+                out_json=sm.output.json,
+                log_dir=sm.params.log_dir,
+                launch_timeout=ev["sglang"]["launch_timeout_s"],
+                server_args=ev["sglang"]["server_args"],
+                if_possible=True,
+            )
+        print(rec.get("reason") or f"speedup {rec['speedup']:.2f}, accept {rec['accept_length']}")
+    except known_errors() as exc:
+        error = exc
+        print(f"error: {exc}")
+if error is not None:
+    raise SystemExit(f"error: {error}")

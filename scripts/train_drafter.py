@@ -1,0 +1,70 @@
+"""Snakemake adapter for rule train_drafter: eyrie.train in this process, or under torchrun
+with train.processes > 1 (DDP, one process per GPU)."""
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
+
+settings = dict(sm.params.settings)
+out = Path(sm.output.metrics).parent  # {R}/train; checkpoints in {R}/train/work (no output)
+work = out / "work"
+target = str(Path(sm.input.target).parent)
+processes = int(settings.get("processes", 1))
+with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    logging.basicConfig(stream=log, level=logging.INFO, format="%(levelname)s %(message)s")
+    if processes == 1:
+        from eyrie.train import train
+
+        torch.set_num_threads(sm.threads)
+        train(
+            train_stores=list(sm.input.train),
+            heldout_stores=list(sm.input.heldout),
+            target_dir=target,
+            vocab_path=sm.input.vocab,
+            out_dir=out,
+            work_dir=work,
+            settings=settings,
+            progress=False,
+        )
+    else:  # the same run, through the CLI, under torchrun
+        work.mkdir(parents=True, exist_ok=True)
+        cfg_path = work / "config.yaml"
+        cfg_path.write_text(yaml.safe_dump(dict(sm.config)))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+            "-m",
+            "eyrie.cli",
+            "train",
+            "--config",
+            str(cfg_path),
+            "--train-stores",
+            *sm.input.train,
+            "--heldout-stores",
+            *sm.input.heldout,
+            "--target",
+            target,
+            "--vocab",
+            sm.input.vocab,
+            "--out",
+            str(out),
+            "--work",
+            str(work),
+            "--no-progress",
+        ]
+        threads = max(1, sm.threads // processes)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if done.returncode:
+            raise SystemExit(f"error: torchrun exited with {done.returncode}; see {sm.log[0]}")

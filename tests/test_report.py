@@ -1,0 +1,123 @@
+"""The report from small synthetic inputs: the files, the figures and the verdict line."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from eyrie.report import FIGURES, build_report, read_inputs, verdict
+
+ACCEPTANCE = {
+    "steps": 3,
+    "samples": 10,
+    "full_chains": 500,
+    "scored": [600, 580, 560],
+    "acc": [0.78, 0.61, 0.5],
+    "cond_acc": [0.8, 0.66, 0.55],
+    "chain": [0.8, 0.528, 0.2904],
+    "reachable": [0.97, 0.97, 0.96],
+    "tau": 1.6184,
+    "tau_with_bonus": 2.6184,
+    "tau_by_draft_tokens": [0.8, 1.328, 1.6184],
+}
+
+
+def speculate(speedup: float) -> dict:
+    return {
+        "draft_tokens": 3,
+        "prompts": 4,
+        "identical": 4,
+        "device": "cpu",
+        "dtype": "float32",
+        "plain_tokens_per_s": 100.0,
+        "spec_tokens_per_s": 100.0 * speedup,
+        "speedup": speedup,
+        "accept_length": 2.4,
+        "accept_histogram": [10, 5, 3, 7],
+        "machine": {"cpu": "Test CPU", "gpu": None},
+    }
+
+
+@pytest.fixture
+def files(tmp_path):
+    ev = tmp_path / "evaluate"
+    ev.mkdir()
+    (ev / "acceptance.json").write_text(json.dumps(ACCEPTANCE))
+    (ev / "online.json").write_text(json.dumps({"status": "not run", "reason": "no CUDA GPU"}))
+    steps = range(1, 21)
+    pd.DataFrame(
+        {
+            "step": steps,
+            "epoch": [0] * 20,
+            "lr": [1e-3] * 20,
+            "loss": [5 - 0.2 * s for s in steps],
+            "loss_0": [2 - 0.05 * s for s in steps],
+            "loss_1": [2.5 - 0.05 * s for s in steps],
+            "acc_0": [0.03 * s for s in steps],
+            "acc_1": [0.02 * s for s in steps],
+        }
+    ).to_csv(tmp_path / "metrics.csv", index=False)
+    pd.DataFrame(
+        {
+            "split": ["heldout", "train", "train", "all"],
+            "shard": ["000", "000", "001", "all"],
+            "samples": [5, 10, 11, 26],
+            "tokens": [900, 2000, 2100, 5000],
+            "bytes_stored": [3e6, 7e6, 7.5e6, 17.5e6],
+            "errors": [0, 1, 2, 3],
+        }
+    ).to_csv(tmp_path / "summary.csv", index=False)
+    return tmp_path
+
+
+def write(files, speedup, online=None):
+    ev = files / "evaluate"
+    (ev / "speculate.json").write_text(json.dumps(speculate(speedup)))
+    if online:
+        (ev / "online.json").write_text(json.dumps(online))
+    inp = read_inputs(ev / "acceptance.json", ev / "speculate.json", ev / "online.json",
+                      files / "metrics.csv", files / "summary.csv")  # fmt: skip
+    return inp, build_report(inp, files / "report")
+
+
+def test_report_files_and_verdict(files):
+    inp, written = write(files, 1.93)
+    assert set(written) == {"summary", *FIGURES}
+    for name in FIGURES:
+        data = written[name].read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+    summary = written["summary"].read_text()
+    first = summary.splitlines()[0]
+    assert first == verdict(inp)
+    assert first.startswith("speculation 1.93× plain decoding (transformers loop")
+    assert "acc_0 78 %" in first and "acc_1|0 66 %" in first and "3 extraction errors" in first
+    assert "2.40 tokens/verify step" in first  # measured, and offline at the same 3 drafts:
+    assert "offline 2.62 tokens/verify step at 3 drafts" in first
+    assert "SLOWER" not in summary
+    assert "SGLang online: not run: no CUDA GPU" in summary
+    assert "| 1 | 61 % | 66 % | 53 % |" in summary  # the per-position table
+
+
+def test_slower_speculation_is_the_loud_first_line(files):
+    inp, written = write(files, 0.66)
+    first = written["summary"].read_text().splitlines()[0]
+    assert first.startswith("**SPECULATION IS SLOWER THAN PLAIN DECODING: 0.66×** (transformers")
+
+
+def test_sglang_measurement_wins_when_it_ran(files):
+    online = {"status": "ok", "draft_tokens": 3, "prompts": 4, "identical": 4,
+              "plain_tokens_per_s": 300.0, "spec_tokens_per_s": 630.0, "speedup": 2.1,
+              "accept_length": 3.1}  # fmt: skip
+    inp, written = write(files, 0.9, online)
+    first = written["summary"].read_text().splitlines()[0]
+    assert first.startswith("speculation 2.10× plain decoding (SGLang EAGLE-3")
+
+
+def test_missing_inputs_still_give_a_report(tmp_path):
+    inp = read_inputs(tmp_path / "none.json", None, None, None, None)
+    written = build_report(inp, tmp_path / "r")
+    first = written["summary"].read_text().splitlines()[0]
+    assert "speed not measured" in first and "extraction errors unknown" in first
+    assert all(p.is_file() for p in written.values())

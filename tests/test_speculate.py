@@ -1,0 +1,307 @@
+"""Speculative decoding equals greedy decoding; the drafter's cache follows its training unroll;
+the online SGLang client starts, measures and always stops a (fake) server."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_target import build_llama
+
+from eyrie import online_sglang as on
+from eyrie.drafter import Drafter, DrafterConfig
+from eyrie.speculate import (
+    DraftRunner,
+    SpeculateError,
+    Target,
+    greedy_generate,
+    speculative_generate,
+    summarize,
+)
+
+TOY = Path(__file__).resolve().parents[1] / "models" / "toy-llama"
+AUX = [1, 2, 3]
+
+
+def untrained_drafter(cfg: dict, aux=AUX, seed=0) -> Drafter:
+    torch.manual_seed(seed)
+    d = DrafterConfig.from_target(cfg, num_aux=len(aux), draft_vocab_size=cfg["vocab_size"] // 2)
+    model = Drafter(d)
+    tokens = torch.arange(0, cfg["vocab_size"], 2)  # every other token: d2t[i] = i
+    t2d = torch.zeros(cfg["vocab_size"], dtype=torch.bool)
+    t2d[tokens] = True
+    model.set_vocab(tokens - torch.arange(len(tokens)), t2d)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Batch-1 decoding of tiny matrices: threads only contend (much slower on a busy CPU)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    folder = build_llama(tmp_path_factory.mktemp("spec") / "t", layers=6, hidden=32)
+    cfg = json.loads((folder / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    target = Target(model, AUX)
+    yield target, DraftRunner(untrained_drafter(cfg), target.embed), cfg
+    target.close()
+
+
+@torch.no_grad()
+def reference_greedy(model, prompt, n):
+    """Greedy decoding with full forward passes and no cache: independent of eyrie.speculate."""
+    ids = list(prompt)
+    for _ in range(n):
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+PROMPTS = [[1, 40, 41, 42], [1, 7], [1, 200, 13, 99, 54, 3, 3, 3, 18]]
+
+
+def test_greedy_matches_a_cacheless_reference(tiny):
+    target, _, _ = tiny
+    for p in PROMPTS:
+        assert greedy_generate(target, p, 12).tokens == reference_greedy(target.model, p, 12)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_untrained_drafter_is_rejected_and_output_is_greedy(tiny, k):
+    target, runner, _ = tiny
+    for p in PROMPTS:
+        plain = greedy_generate(target, p, 20)
+        spec = speculative_generate(target, runner, p, k, 20)
+        assert spec.tokens == plain.tokens
+        assert len(spec.tokens) == 20 and spec.verify_steps == 19
+        assert sum(spec.accepted) <= 2  # a random drafter: (almost) every draft rejected
+
+
+class ForcedDrafts(DraftRunner):
+    """The real drafter runs (and keeps its cache), but its drafts are replaced by the true
+    greedy continuation with the draft at ``wrong(step)`` corrupted: a known acceptance."""
+
+    def __init__(self, runner, sequence, wrong):
+        super().__init__(runner.d, runner.embed)
+        self.sequence, self.wrong, self.steps = sequence, wrong, 0
+
+    def propose(self, n):
+        super().propose(n)
+        at = self.length  # the last verified token sits at position `at`
+        drafts = list(self.sequence[at + 1 : at + 1 + n])
+        drafts += [0] * (n - len(drafts))
+        w = self.wrong(self.steps)
+        if w < n:
+            drafts[w] = (drafts[w] + 1) % 50 + 3
+        self.steps += 1
+        return drafts
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_partial_acceptance_keeps_output_and_caches_right(tiny, k):
+    target, runner, _ = tiny
+    prompt = PROMPTS[2]
+    n_new = 40
+    plain = greedy_generate(target, prompt, n_new)
+    sequence = prompt + plain.tokens + [0] * 8
+    forced = ForcedDrafts(runner, sequence, wrong=lambda step: step % (k + 2))
+    spec = speculative_generate(target, forced, prompt, k, n_new)
+    assert spec.tokens == plain.tokens
+    want = [min(s % (k + 2), k) for s in range(len(spec.accepted))]
+    assert spec.accepted[:-1] == want[:-1]  # the last step may be cut by max_new_tokens
+    assert 0 < sum(spec.accepted) and min(spec.accepted) == 0
+
+    # the drafter's cache after the run equals rows computed from scratch in one extend
+    # (the last step's rows may reach past the tokens max_new_tokens kept: compare the rest)
+    full = prompt + spec.tokens
+    rows = min(forced.length, len(full) - 1)
+    assert rows > len(prompt) + n_new // 2
+    _, aux = target.forward(full[:rows], target.new_cache())
+    fresh = DraftRunner(runner.d, runner.embed)
+    fresh.extend(aux, full[1 : rows + 1], 0)
+    assert torch.allclose(forced.k[:, :, :rows], fresh.k, atol=1e-5)
+    assert torch.allclose(forced.v[:, :, :rows], fresh.v, atol=1e-5)
+
+
+def test_draft_runner_follows_the_training_unroll(tiny):
+    """Row t's step-k logits from the incremental runner equal Drafter.forward's."""
+    target, runner, cfg = tiny
+    ids = torch.tensor([[1, 50, 51, 52, 90, 91, 5, 6, 7, 8, 9, 10]])
+    T, K = ids.shape[1], 4
+    cache = target.new_cache()
+    _, aux = target.forward(ids[0].tolist(), cache)
+    with torch.no_grad():
+        want = runner.d(aux, ids, target.embed, K)
+    for t in range(T - K - 1):
+        r = DraftRunner(runner.d, runner.embed)
+        r.extend(aux[:, : t + 1], ids[0, 1 : t + 2].tolist(), 0)
+        got = r.chain_logits(ids[0, t + 2 : t + K + 1].tolist())  # step k is fed x_{t+k+1}
+        assert r.length == t + 1  # the drafts' entries were dropped
+        for k in range(K):
+            assert torch.allclose(got[k], want[k][0, t], atol=1e-4), (t, k)
+
+
+def test_eos_stops_both_alike(tiny):
+    target, runner, _ = tiny
+    plain = greedy_generate(target, PROMPTS[0], 15)
+    eos = plain.tokens[6]
+    cut = plain.tokens[: plain.tokens.index(eos) + 1]
+    assert greedy_generate(target, PROMPTS[0], 15, eos=[eos]).tokens == cut
+    assert speculative_generate(target, runner, PROMPTS[0], 3, 15, eos=[eos]).tokens == cut
+    with pytest.raises(SpeculateError, match="at least 1"):
+        speculative_generate(target, runner, PROMPTS[0], 0, 15)
+
+
+@pytest.mark.skipif(not (TOY / "model.safetensors").is_file(), reason="toy-llama not built")
+def test_toy_target_speculation_is_greedy():
+    from eyrie.speculate import load_prompts
+    from eyrie.target import load_model, load_tokenizer
+
+    model, _ = load_model(TOY, torch.device("cpu"))
+    cfg = json.loads((TOY / "config.json").read_text())
+    target = Target(model, [1, 3, 4])
+    runner = DraftRunner(untrained_drafter(cfg, [1, 3, 4]), target.embed)
+    data = Path(__file__).resolve().parents[1] / "data" / "chat" / "heldout.jsonl"
+    prompts = load_prompts(data, load_tokenizer(TOY), 2)
+    try:
+        for p, k in zip(prompts, [1, 4], strict=True):
+            plain = greedy_generate(target, p["input_ids"], 12)
+            spec = speculative_generate(target, runner, p["input_ids"], k, 12)
+            assert spec.tokens == plain.tokens, p["id"]
+    finally:
+        target.close()
+
+
+def test_summary_counts_emitted_tokens_per_verify_pass():
+    rows = [
+        {"new_tokens": 9, "plain_s": 2.0, "spec_s": 1.0, "accepted": [3, 0, 3], "identical": True},
+        {"new_tokens": 3, "plain_s": 1.0, "spec_s": 2.0, "accepted": [1], "identical": False},
+    ]
+    s = summarize(rows, k=3)
+    assert s["accept_length"] == pytest.approx((8 + 2) / 4)
+    assert s["accept_histogram"] == [1, 1, 0, 2]
+    assert s["speedup"] == pytest.approx((12 / 3) / (12 / 3))
+    assert s["identical"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# online SGLang client and lifecycle, against a fake server
+
+FAKE = r"""
+import argparse, json, subprocess, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+p = argparse.ArgumentParser()
+p.add_argument("--port", type=int)
+p.add_argument("--speculative-algorithm")
+p.add_argument("--pid-file")
+a, _ = p.parse_known_args()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+open(a.pid_file, "a").write(f"{child.pid}\n")
+time.sleep(0.5)  # not ready at once
+print("fake server ready", a, flush=True)
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._send(200 if self.path == "/health" else 404, {})
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = req["sampling_params"]["max_new_tokens"]
+        out = [(sum(req["input_ids"]) + i) % 97 for i in range(n)]
+        meta = {"completion_tokens": n}
+        if a.speculative_algorithm:
+            meta.update(spec_accept_length=2.5, spec_verify_ct=max(1, n // 2))
+        time.sleep(0.01 if a.speculative_algorithm else 0.02)
+        self._send(200, {"output_ids": out, "meta_info": meta})
+
+
+ThreadingHTTPServer(("127.0.0.1", a.port), H).serve_forever()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().split()[2] == "Z")
+
+
+def test_online_measures_both_servers_and_stops_them(tmp_path):
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE)
+    pids = tmp_path / "children.pid"
+    prompts = [{"id": "a", "input_ids": [1, 2, 3]}, {"id": "b", "input_ids": [4, 5]}]
+    rec = on.run_online(
+        tmp_path / "target",
+        tmp_path / "draft",
+        prompts,
+        max_new_tokens=6,
+        draft_tokens=3,
+        log_dir=tmp_path / "logs",
+        launch_timeout=30,
+        server_args=["--pid-file", str(pids)],
+        launcher=[sys.executable, str(script)],
+    )
+    assert rec["status"] == "ok" and rec["prompts"] == 2
+    assert rec["accept_length"] == pytest.approx(2.5)
+    assert rec["identical"] == 2  # the fake answers the same ids with and without drafts
+    assert rec["runs"]["plain"]["accept_length"] is None
+    assert rec["speedup"] > 1.0  # the fake's EAGLE-3 answers faster
+    log = (tmp_path / "logs" / "sglang-eagle3.log").read_text()
+    assert "--speculative-algorithm EAGLE3" in log and "--speculative-num-draft-tokens 4" in log
+    children = [int(x) for x in pids.read_text().split()]
+    assert len(children) == 2
+    deadline = time.time() + 10
+    while any(_alive(c) for c in children) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(c) for c in children), "a server's child outlived it"
+
+
+def test_failing_server_reports_its_log(tmp_path):
+    launcher = [sys.executable, "-c", "import sys; print('boom: no CUDA device'); sys.exit(3)"]
+    with pytest.raises(on.OnlineError, match=r"(?s)exited with code 3.*boom: no CUDA device"):
+        on.run_online(tmp_path, tmp_path, [{"id": "a", "input_ids": [1]}], max_new_tokens=2,
+                      draft_tokens=2, log_dir=tmp_path, launch_timeout=30, server_args=[],
+                      launcher=launcher)  # fmt: skip
+
+
+def test_server_never_ready_times_out_and_is_stopped(tmp_path):
+    cmd = [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(120)"]
+    server = on.Server(cmd, tmp_path / "s.log", on.free_port())
+    with pytest.raises(on.OnlineError, match=r"(?s)not ready after 1 s.*loading"):
+        with server:
+            server.wait_healthy(timeout=1.0, poll=0.2)
+    assert server.proc.poll() is not None
+
+
+def test_not_run_reasons():
+    assert "capture.backend is 'hf'" in on.why_not("hf")
+    if not torch.cuda.is_available():
+        assert "no CUDA GPU" in on.why_not("sglang")

@@ -279,6 +279,41 @@ def provenance_for(
     }
 
 
+def resume_plan(
+    writer, work_store, work_errors, good, errors, members, commit_every, *, desc, progress
+):
+    """What is left to capture after the last commit, and a progress bar that starts there.
+
+    Failures recorded for groups that were not committed are kept (``errors`` is updated);
+    a finished store with samples left over means the scratch folder is inconsistent.
+    """
+    committed = set(writer.committed_ids)
+    if committed:
+        log.info("resuming %s: %d samples already committed", work_store, len(committed))
+    # Capture failures of committed groups (tokenization errors are found again anyway);
+    # a fresh store ignores a table left by an earlier setup.
+    good_lines = {g.line for g in good}
+    old = read_errors(work_errors) if committed else {}
+    for line, row in old.items():
+        if line in good_lines and row[0] not in committed:
+            errors[line] = row
+    groups = _groups(good, commit_every, committed, set(errors))
+    if writer.complete and groups:
+        raise ExtractError(
+            f"{work_store} is finished but {sum(map(len, groups))} samples are neither in "
+            f"it nor in {work_errors}; delete {work_store.parent} and rerun"
+        )
+    bar = tqdm(
+        total=len(members),
+        initial=len(committed) + len(errors),
+        unit="sample",
+        desc=desc,
+        disable=not progress,
+        mininterval=2.0,
+    )
+    return groups, bar
+
+
 def extract_shard(
     *,
     data_path: str | Path,
@@ -359,29 +394,16 @@ def extract_shard(
         shard_tokens=int(extract.get("shard_tokens", 16384)),
     )
     try:
-        committed = set(writer.committed_ids)
-        if committed:
-            log.info("resuming %s: %d samples already committed", work_store, len(committed))
-        # Capture failures of committed groups (tokenization errors are found again anyway);
-        # a fresh store ignores a table left by an earlier setup.
-        good_lines = {g.line for g in good}
-        old = read_errors(work_errors) if committed else {}
-        for line, row in old.items():
-            if line in good_lines and row[0] not in committed:
-                errors[line] = row
-        groups = _groups(good, commit_every, committed, set(errors))
-        if writer.complete and groups:
-            raise ExtractError(
-                f"{work_store} is finished but {sum(map(len, groups))} samples are neither in "
-                f"it nor in {work_errors}; delete {work_store.parent} and rerun"
-            )
-        bar = tqdm(
-            total=len(members),
-            initial=len(committed) + len(errors),
-            unit="sample",
+        groups, bar = resume_plan(
+            writer,
+            work_store,
+            work_errors,
+            good,
+            errors,
+            members,
+            commit_every,
             desc=f"extract {split}/{shard:03d}",
-            disable=not progress,
-            mininterval=2.0,
+            progress=progress,
         )
         t0, tokens, commits = time.monotonic(), 0, 0
         seconds["setup"] = time.perf_counter() - start

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from eyrie.extract import ExtractError
 from eyrie.sglang_patch import dump as proto
@@ -567,27 +566,16 @@ def extract_shard_sglang(
     server_log = log_dir / f"{out_store.stem}.sglang.log"
     stats = None
     try:
-        committed = set(writer.committed_ids)
-        if committed:
-            log.info("resuming %s: %d samples already committed", work_store, len(committed))
-        good_lines = {g.line for g in good}
-        old = ex.read_errors(work_errors) if committed else {}
-        for line, row in old.items():
-            if line in good_lines and row[0] not in committed:
-                errors[line] = row
-        groups = ex._groups(good, commit_every, committed, set(errors))
-        if writer.complete and groups:
-            raise ExtractError(
-                f"{work_store} is finished but {sum(map(len, groups))} samples are neither in "
-                f"it nor in {work_errors}; delete {work_store.parent} and rerun"
-            )
-        bar = tqdm(
-            total=len(members),
-            initial=len(committed) + len(errors),
-            unit="sample",
+        groups, bar = ex.resume_plan(
+            writer,
+            work_store,
+            work_errors,
+            good,
+            errors,
+            members,
+            commit_every,
             desc=f"extract {split}/{shard:03d} (sglang)",
-            disable=not progress,
-            mininterval=2.0,
+            progress=progress,
         )
         t0, tokens, commits = time.monotonic(), 0, 0
         seconds["setup"] = time.perf_counter() - start

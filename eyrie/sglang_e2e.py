@@ -95,8 +95,8 @@ def run_cmd(cmd: list[str], log: Path, timeout: float, env=None) -> None:
 
 
 class Run:
-    def __init__(self, out: Path, work: Path, standin: bool, budget_s: float):
-        self.out, self.work, self.standin = out, work, standin
+    def __init__(self, out: Path, work: Path, standin: bool, budget_s: float, tp=None):
+        self.out, self.work, self.standin, self.tp = out, work, standin, tp
         self.t0 = time.monotonic()
         self.budget = budget_s
         self.summary: dict = {
@@ -141,6 +141,9 @@ class Run:
         cfg["target"]["path"] = str(target)
         sg = cfg["capture"]["sglang"]
         sg["log_dir"] = str(self.work / "logs")
+        if self.tp:
+            sg["tp"] = self.tp
+            self.summary["tp"] = self.tp
         if self.standin:
             cfg["dataset"]["max_samples"] = {"train": 24, "heldout": 4}
             cfg["dataset"]["max_tokens"] = 96
@@ -496,12 +499,13 @@ def main(argv=None) -> int:
         "--skip-import-hook", action="store_true", help="no check of the import-hook mechanism"
     )
     p.add_argument("--budget-s", type=float, default=480.0, help="time for all steps")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (capture.sglang.tp)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or tempfile.mkdtemp(prefix="eyrie-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
-    run = Run(out, work, args.standin, args.budget_s)
+    run = Run(out, work, args.standin, args.budget_s, tp=args.tp)
     print(f"eyrie SGLang end to end, {run.summary['date']}", flush=True)
     print(json.dumps(run.summary["versions"]), flush=True)
     try:

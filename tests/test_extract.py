@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -200,8 +202,13 @@ DRIVER = textwrap.dedent(
 ).format(CAPTURE=CAPTURE, EXTRACT=EXTRACT, MAX_TOKENS=MAX_TOKENS)
 
 
-def test_sigkill_then_resume_is_bit_exact(setup, tmp_path):
-    """A real SIGKILL mid-run; every run is a fresh process with the same thread count."""
+# SIGKILLs that must land while extraction is running; EYRIE_FULL_TESTS=1 for the full count.
+KILLS = 10 if os.environ.get("EYRIE_FULL_TESTS") == "1" else 2
+
+
+def test_sigkill_at_random_points_then_resume_is_bit_exact(setup, tmp_path):
+    """Real SIGKILLs at random points of the work, each followed by a resume; the end result
+    equals an uninterrupted run bit for bit. Every run is a fresh process, same thread count."""
     root, target, data = setup
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
@@ -209,25 +216,29 @@ def test_sigkill_then_resume_is_bit_exact(setup, tmp_path):
 
     def start(out: Path, slow: float) -> subprocess.Popen:
         cmd = [sys.executable, str(driver), str(out), str(slow), str(data), str(target)]
-        return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+        return subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
 
+    rng = random.Random(1234)
     killed = tmp_path / "killed"
-    proc = start(killed, 0.3)
-    commit = work_paths(killed / "shard-000.zarr", killed / "x")[0] / "commit.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if commit.is_file() and json.loads(commit.read_text())["num_samples"] >= 3:
+    work_store = work_paths(killed / "shard-000.zarr", killed / "x")[0]
+    landed = 0
+    for _ in range(4 * KILLS):
+        if landed == KILLS:
             break
-        time.sleep(0.02)
-    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "shard-000.zarr").exists()
-    for out, slow in ((killed, 0), (tmp_path / "clean", 0)):
-        p = start(out, slow)
-        assert p.wait() == 0, p.stderr.read().decode()[-2000:]
-        p.stderr.close()
-    proc.stderr.close()
+        if (killed / "shard-000.zarr").exists():  # a run finished before its kill: start over
+            shutil.rmtree(killed)
+        proc = start(killed, 0.3)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not work_store.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the store appears once imports and model loading are done
+        time.sleep(rng.uniform(0.0, 2.0))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            landed += 1
+        proc.wait()
+    assert landed == KILLS
+    for out in (killed, tmp_path / "clean"):
+        assert start(out, 0).wait() == 0
     assert_same_store(killed / "shard-000.zarr", tmp_path / "clean" / "shard-000.zarr")
     assert errors_rows(killed / "shard-000.errors.csv") == errors_rows(
         tmp_path / "clean" / "shard-000.errors.csv"

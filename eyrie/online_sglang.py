@@ -13,16 +13,14 @@ nothing else of Eyrie's dependencies but torch.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+
+from eyrie.sglang_server import ServerError, SglangServer, free_port
 
 # The flags seen working with SGLang 0.5.12 on one H200 (shared/gpu/README.md): no CUDA graphs
 # (hooks and small toys), no xgrammar, token ids in and out.
@@ -45,12 +43,6 @@ LAUNCHER = [sys.executable, "-m", "sglang.launch_server"]
 
 class OnlineError(RuntimeError):
     """The server could not be started or answered wrongly; the message says what to do."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_command(
@@ -81,99 +73,21 @@ def server_command(
     return cmd
 
 
-def log_tail(path, lines: int = 40) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-class Server:
-    """A server process in its own session; a context manager that always stops it."""
-
-    def __init__(self, cmd: list[str], log_path, port: int, *, env: dict | None = None):
-        self.cmd, self.log_path, self.port = list(cmd), Path(log_path), port
-        self.url = f"http://127.0.0.1:{port}"
-        self.env = env
-        self.proc: subprocess.Popen | None = None
+class Server(SglangServer):
+    """The extract stage's server lifecycle, with this stage's config key and error type."""
 
     def start(self) -> Server:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(f"$ {' '.join(self.cmd)}\n".encode())
-            log.flush()
-            try:
-                self.proc = subprocess.Popen(
-                    self.cmd,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # its own process group: stop() reaches children
-                    env=self.env,
-                )
-            except OSError as exc:
-                raise OnlineError(f"cannot start the server ({self.cmd[0]}): {exc}") from None
-        return self
+        try:
+            return super().start()
+        except ServerError as exc:
+            raise OnlineError(str(exc)) from None
 
     def wait_healthy(self, timeout: float, poll: float = 1.0) -> float:
         """Seconds until GET /health answered 200; OnlineError with the log tail otherwise."""
-        t0 = time.monotonic()
-        while True:
-            code = self.proc.poll() if self.proc else None
-            if code is not None:
-                raise OnlineError(
-                    f"the server exited with code {code} before it was ready; last lines of "
-                    f"{self.log_path}:\n{log_tail(self.log_path)}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() - t0 > timeout:
-                raise OnlineError(
-                    f"the server was not ready after {timeout:.0f} s (evaluate.sglang."
-                    f"launch_timeout_s); last lines of {self.log_path}:\n{log_tail(self.log_path)}"
-                )
-            time.sleep(poll)
-
-    def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM to the process group, SIGKILL after ``grace`` seconds."""
-        if self.proc is None or self.proc.poll() is not None and not _group_alive(self.proc.pid):
-            return
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-            if not _group_alive(self.proc.pid):
-                break
-        try:  # children that outlived the leader
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def __enter__(self) -> Server:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - someone else's group
-        return True
-    return True
+        try:
+            return self.wait_ready(timeout, poll, key="evaluate.sglang.launch_timeout_s")
+        except ServerError as exc:
+            raise OnlineError(str(exc)) from None
 
 
 def post_json(url: str, payload: dict, timeout: float = 600.0) -> dict:

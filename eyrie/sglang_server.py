@@ -174,7 +174,9 @@ class SglangServer:
     def failure(self, what: str) -> ServerError:
         return ServerError(f"{what}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
 
-    def wait_ready(self, timeout: float, poll: float = 1.0) -> float:
+    def wait_ready(
+        self, timeout: float, poll: float = 1.0, key: str = "capture.sglang.launch_timeout_s"
+    ) -> float:
         """Seconds until GET /health answered 200; ServerError with the log tail otherwise."""
         t0 = time.monotonic()
         while True:
@@ -184,10 +186,7 @@ class SglangServer:
             if http_ok(f"{self.url}/health"):
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout:
-                raise self.failure(
-                    f"the SGLang server was not ready after {timeout:.0f} s "
-                    "(capture.sglang.launch_timeout_s)"
-                )
+                raise self.failure(f"the SGLang server was not ready after {timeout:.0f} s ({key})")
             time.sleep(poll)
 
     def stop(self, grace: float = 20.0) -> None:

@@ -182,67 +182,6 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
-def _create_arrays(
-    group: zarr.Group, k: int, hidden: int, chunk_tokens: int, shard_tokens: int
-) -> None:
-    """The six arrays, empty (length 0 on the token and sample axes)."""
-    ser = BytesCodec()
-
-    def blosc(typesize: int) -> list:
-        return [
-            BloscCodec(
-                cname="zstd",
-                clevel=1,
-                shuffle="shuffle",
-                typesize=typesize,
-                blocksize=BLOSC_BLOCKSIZE,
-            ),
-            Crc32cCodec(),
-        ]
-
-    def token_array(name, dtype, tail, typesize, dims, attrs=None):
-        group.create_array(
-            name,
-            shape=(0, *tail),
-            dtype=dtype,
-            chunks=(chunk_tokens, *tail),
-            shards=(shard_tokens, *tail),
-            serializer=ser,
-            compressors=blosc(typesize),
-            fill_value=0,
-            dimension_names=dims,
-            attributes=attrs or {},
-            config=_WRITE_CONFIG,
-        )
-
-    bf16 = {"dtype": "bfloat16", "encoding": "uint16 holds the bfloat16 bit pattern"}
-    token_array("input_ids", "int32", (), 4, ("token",))
-    token_array("loss_mask", "uint8", (), 1, ("token",))
-    token_array("aux_hidden", "uint16", (k, hidden), 2, ("token", "aux_layer", "hidden"), bf16)
-    token_array("final_hidden", "uint16", (hidden,), 2, ("token", "hidden"), bf16)
-    offsets = group.create_array(
-        "offsets",
-        shape=(1,),
-        dtype="int64",
-        chunks=(SAMPLE_CHUNK,),
-        serializer=ser,
-        compressors=[ZstdCodec(level=1), Crc32cCodec()],
-        fill_value=0,
-        dimension_names=("sample_edge",),
-        config=_WRITE_CONFIG,
-    )
-    offsets[0:1] = np.zeros(1, dtype=np.int64)  # offsets[0] = 0, stored as a real chunk
-    group.create_array(
-        "sample_id",
-        shape=(0,),
-        dtype=str,
-        chunks=(SAMPLE_CHUNK,),
-        compressors=[ZstdCodec(level=1), Crc32cCodec()],
-        dimension_names=("sample",),
-        config=_WRITE_CONFIG,
-    )
-
-
 def _expected_chunk_files(arr: zarr.Array, length: int, start: int = 0) -> list[str]:
     """Relative paths of the chunk (or shard) files holding entries [start, length)."""
     outer = arr.metadata.chunk_grid.chunk_shape[0]

@@ -23,7 +23,6 @@ import re
 import shutil
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -180,44 +179,6 @@ def _dir_bytes(path: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-def _expected_chunk_files(arr: zarr.Array, length: int, start: int = 0) -> list[str]:
-    """Relative paths of the chunk (or shard) files holding entries [start, length)."""
-    outer = arr.metadata.chunk_grid.chunk_shape[0]
-    tail = "/0" * (arr.ndim - 1)
-    return [f"c/{i}{tail}" for i in range(start // outer, -(-length // outer))]
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file or folder to stable storage (a folder: the names it holds)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on folders; nothing more can be done
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path, rel_files: list[str]) -> None:
-    """fsync files and every folder from their parents up to root (so renames are durable).
-
-    In parallel: journaling file systems batch concurrent fsyncs into one journal commit, so
-    dozens cost about as much as one.
-    """
-    paths = {root}
-    for rel in rel_files:
-        paths.add(root / rel)
-        parent = (root / rel).parent
-        while parent != root and root in parent.parents:
-            paths.add(parent)
-            parent = parent.parent
-    with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
-        list(pool.map(_fsync, paths))
 
 
 def _create_arrays(

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyrie.dataset import atomic_write_text
+from eyrie.atomic import write_text
 
 SEED = 0
 MAX_ANSWER_CHARS = 1200
@@ -693,8 +693,8 @@ def write(out_dir: str | Path, seed: int = SEED) -> dict[str, int]:
     if total > MAX_TOTAL_BYTES:
         raise RuntimeError(f"dataset is {total} bytes, over the {MAX_TOTAL_BYTES} byte budget")
     for name, text in texts.items():
-        atomic_write_text(out_dir / f"{name}.jsonl", text)
-    atomic_write_text(out_dir / "README.md", datasheet(splits, seed))
+        write_text(out_dir / f"{name}.jsonl", text)
+    write_text(out_dir / "README.md", datasheet(splits, seed))
     return {name: len(items) for name, items in splits.items()}
 
 

@@ -14,12 +14,13 @@ shows up in the counts).
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from eyrie.atomic import write_text
 
 FORMATS = ("auto", "messages", "sharegpt")
 POLICIES = ("skip", "fail")
@@ -238,25 +239,6 @@ def summary(path: str | Path, convs: list[Conversation], problems: list[Problem]
 # ---------------------------------------------------------------- writing
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write to a temporary name in the same folder, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def problems_frame(problems: list[Problem]) -> pd.DataFrame:
     rows = [[p.path, p.line, p.kind, p.reason, p.sample_id] for p in problems]
     return pd.DataFrame(rows, columns=PROBLEM_COLUMNS).astype({"line": "int64"})
@@ -264,12 +246,12 @@ def problems_frame(problems: list[Problem]) -> pd.DataFrame:
 
 def write_problems(problems: list[Problem], path: str | Path) -> None:
     """The problems table as CSV (header even when empty), written atomically."""
-    atomic_write_text(path, problems_frame(problems).to_csv(index=False))
+    write_text(path, problems_frame(problems).to_csv(index=False))
 
 
 def write_messages(convs: list[Conversation], path: str | Path) -> None:
     lines = (json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) for c in convs)
-    atomic_write_text(path, "".join(f"{line}\n" for line in lines))
+    write_text(path, "".join(f"{line}\n" for line in lines))
 
 
 def prepare(

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eyrie.atomic import write_json
+
 READ_TOKENS = 1 << 20  # tokens read per slice when counting
 
 
@@ -154,7 +156,7 @@ def save(vocab: DraftVocab, path: str | Path, meta: dict) -> dict:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    write_json_atomic(path.with_suffix(".json"), summary)
+    write_json(path.with_suffix(".json"), summary)
     return summary
 
 
@@ -175,14 +177,3 @@ def load(path: str | Path) -> DraftVocab:
     if problems or not torch.equal(t["d2t"], vocab.d2t):
         raise VocabError(f"{path} is inconsistent ({'; '.join(problems) or 'd2t'}); rebuild it")
     return vocab
-
-
-def write_json_atomic(path: str | Path, obj) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

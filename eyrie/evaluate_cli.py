@@ -12,37 +12,14 @@ functions are what the workflow's scripts call.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
+from eyrie.atomic import write_json, write_text
+
 COMMANDS = ("evaluate", "speculate", "report")
-
-
-def write_json_atomic(path, obj) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_text_atomic(path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,8 +70,8 @@ def run_evaluate(
             "tau_with_bonus": "tau + 1: tokens emitted per verify step",
         },
     }
-    write_text_atomic(out_csv, m.table().to_csv(index=False))
-    write_json_atomic(out_json, record)
+    write_text(out_csv, m.table().to_csv(index=False))
+    write_json(out_json, record, default=str)
     return record
 
 
@@ -144,7 +121,7 @@ def run_speculate(
         }
     )
     if out_json:
-        write_json_atomic(out_json, result)
+        write_json(out_json, result, default=str)
     return result
 
 
@@ -192,7 +169,7 @@ def run_online(
         from eyrie.speculate import machine
 
         record["machine"] = machine()
-    write_json_atomic(out_json, record)
+    write_json(out_json, record, default=str)
     return record
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from eyrie import atomic
 from eyrie.chat_tokens import SampleError, tokenize_chat
 from eyrie.config import config_hash
 from eyrie.store import ShardReader, ShardWriter, StoreError
@@ -176,15 +177,6 @@ def write_errors(path: str | Path, errors: dict[int, tuple[str, str, str]]) -> N
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _copy_atomic(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -440,7 +432,7 @@ def extract_shard(
     write_errors(work_errors, errors)
     # The table is copied, not moved, until the store is in place: a job killed between the
     # two steps is rerun by Snakemake, which resumes the finished scratch store and its table.
-    _copy_atomic(work_errors, errors_csv)
+    atomic.copy(work_errors, errors_csv)
     if out_store.exists():
         shutil.rmtree(out_store)
     os.replace(work_store, out_store)

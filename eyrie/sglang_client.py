@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eyrie import atomic
 from eyrie.extract import ExtractError
 from eyrie.sglang_patch import dump as proto
 
@@ -625,7 +626,7 @@ def extract_shard_sglang(
     finally:
         writer.close()
     ex.write_errors(work_errors, errors)
-    ex._copy_atomic(work_errors, errors_csv)
+    atomic.copy(work_errors, errors_csv)
     if out_store.exists():
         shutil.rmtree(out_store)
     os.replace(work_store, out_store)

@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from eyrie import atomic
 from eyrie.draft_vocab import load as load_vocab
-from eyrie.draft_vocab import write_json_atomic
 from eyrie.drafter import Drafter, DrafterConfig, TargetHead, read_target_tensors
 
 log = logging.getLogger(__name__)
@@ -424,16 +424,6 @@ def truncate_metrics(path: Path, last_step: int, columns: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def copy_atomic(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # the loop
 
@@ -746,10 +736,10 @@ def write_outputs(run: Setup, out: Path, work: Path, total, identity, held, targ
     finally:
         tmp.unlink(missing_ok=True)
     K = int(run.settings["ttt_steps"])
-    write_json_atomic(
+    atomic.write_json(
         out / "heldout.json", {"ttt_steps": K, "checkpoint_step": total, **(held or {})}
     )
-    copy_atomic(work / "metrics.csv", out / "metrics.csv")
+    atomic.copy(work / "metrics.csv", out / "metrics.csv")
     tc = run.target_cfg
     text = tc.get("text_config", tc)
     target = {
@@ -764,7 +754,7 @@ def write_outputs(run: Setup, out: Path, work: Path, total, identity, held, targ
     target.update(
         {k: text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in text}
     )
-    write_json_atomic(
+    atomic.write_json(
         drafter_dir / "drafter.json",
         {
             "format": "eyrie-drafter",

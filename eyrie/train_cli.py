@@ -166,8 +166,8 @@ def _train(args, cfg) -> int:
 
 
 def _export(args, cfg) -> int:
+    from eyrie.atomic import write_json
     from eyrie.draft_vocab import load as load_vocab
-    from eyrie.draft_vocab import write_json_atomic
     from eyrie.export import export
 
     results = Path(cfg["results"])
@@ -190,7 +190,7 @@ def _export(args, cfg) -> int:
         ids = records[engine]["config_layer_ids"]
         print(f"{out_root / engine}: {engine} export checked; config layer ids {ids}")
     if args.report:
-        write_json_atomic(args.report, {"ok": True, "exports": records})
+        write_json(args.report, {"ok": True, "exports": records})
     return 0
 
 

@@ -450,17 +450,6 @@ def validate_shard(
     return report
 
 
-def write_json(obj: dict, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # all shards
 

@@ -21,8 +21,9 @@ def add_arguments(parser) -> None:
 
 
 def validate_one(cfg: dict, split: str, shard: int) -> Path:
+    from eyrie.atomic import write_json
     from eyrie.target import configured_dir
-    from eyrie.validate import validate_shard, write_json
+    from eyrie.validate import validate_shard
 
     results = Path(cfg["results"])
     name = f"shard-{shard:03d}"
@@ -44,7 +45,7 @@ def validate_one(cfg: dict, split: str, shard: int) -> Path:
         min_greedy_match=v["min_greedy_match"],
     )
     out = results / "validate" / split / f"{name}.json"
-    write_json(report, out)
+    write_json(out, report, default=str)
     print(f"{out}: {report['errors']} errors {report['error_counts']}")
     return out
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from eyrie.atomic import write_json
 from eyrie.draft_vocab import load as load_vocab
-from eyrie.draft_vocab import write_json_atomic
 from eyrie.export import export
 from eyrie.export_check import Expectation, check_export, served_layers
 from eyrie.store import ShardReader
@@ -56,4 +56,4 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log):
 if problems:
     shutil.rmtree(sm.output.folder, ignore_errors=True)
     raise SystemExit(f"error: {sm.output.folder} refused: " + "; ".join(problems))
-write_json_atomic(sm.output.check, report)
+write_json(sm.output.check, report)

@@ -3,7 +3,8 @@
 
 import contextlib
 
-from eyrie.evaluate_cli import known_errors, run_online, write_json_atomic
+from eyrie.atomic import write_json
+from eyrie.evaluate_cli import known_errors, run_online
 from eyrie.online_sglang import not_run
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
@@ -14,7 +15,7 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.re
     try:
         if sm.params.backend == "sglang" and not sm.params.draft:
             rec = not_run("export.engines has no sglang: there is no SGLang drafter to serve")
-            write_json_atomic(sm.output.json, rec)
+            write_json(sm.output.json, rec, default=str)
         else:
             rec = run_online(
                 backend=sm.params.backend,

@@ -4,9 +4,10 @@ import contextlib
 
 import torch
 
+from eyrie.atomic import write_json
 from eyrie.extract import ExtractError
 from eyrie.target import TargetError
-from eyrie.validate import validate_shard, write_json
+from eyrie.validate import validate_shard
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
@@ -31,7 +32,7 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.re
             min_cosine=v["min_cosine"],
             min_greedy_match=v["min_greedy_match"],
         )
-        write_json(report, sm.output.report)
+        write_json(sm.output.report, report, default=str)
         print(f"{report['errors']} errors: {report['error_counts']}")
     except (ExtractError, TargetError) as exc:
         error = exc

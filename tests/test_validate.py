@@ -12,9 +12,10 @@ import pytest
 import zarr
 from tiny_target import build_llama, write_split
 
+from eyrie.atomic import write_json
 from eyrie.extract import extract_shard
 from eyrie.store import ShardReader, ShardWriter
-from eyrie.validate import summarize, validate_shard, write_json
+from eyrie.validate import summarize, validate_shard
 
 N = 20
 MAX_TOKENS = 80
@@ -88,7 +89,7 @@ def assert_in_summary(report: dict, kind: str, tmp_path: Path) -> None:
     import pandas as pd
 
     path = tmp_path / "report.json"
-    write_json(report, path)
+    write_json(path, report, default=str)
     extract_errors = sum(v for k, v in report["error_counts"].items() if k.startswith("extract:"))
     ok, msg = summarize([path], tmp_path / "s.csv", tmp_path / "s.md", max_errors=extract_errors)
     assert not ok and kind in msg
@@ -242,7 +243,7 @@ def test_summary_counts_every_kind_and_fails(clean, tmp_path):
     r1 = check(clean, root / "shard-001.zarr", root / "shard-001.errors.csv", shard=1)
     for r in (r0, r1):
         path = tmp_path / f"{r['shard']}.json"
-        write_json(r, path)
+        write_json(path, r, default=str)
         reports.append(path)
     extract_errors = r0["errors"] + r1["errors"]
     ok, msg = summarize(reports, tmp_path / "s.csv", tmp_path / "s.md", max_errors=extract_errors)
@@ -284,7 +285,7 @@ def test_summary_counts_every_kind_and_fails(clean, tmp_path):
     paths = []
     for r in (rb, r1b):
         path = tmp_path / "bad" / f"{r['shard']}.json"
-        write_json(r, path)
+        write_json(path, r, default=str)
         paths.append(path)
     ok, msg = summarize(paths, tmp_path / "b.csv", tmp_path / "b.md", max_errors=extract_errors)
     assert not ok

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from eyrie.atomic import write_text
 from eyrie.verify.chain import ChainAnalyzer
 from eyrie.verify.hf import check_hf, read_config_json
 from eyrie.verify.pyindex import SourceIndex
@@ -128,22 +127,8 @@ def run_stage(
     return report
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temporary file in the same folder, then rename: readers never see half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_report(report: dict, json_path: str | Path | None, md_path: str | Path | None) -> None:
     if json_path:
-        write_atomic(json_path, json.dumps(report, indent=2, default=str) + "\n")
+        write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
     if md_path:
-        write_atomic(md_path, render(report, markdown=True))
+        write_text(md_path, render(report, markdown=True))

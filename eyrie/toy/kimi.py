@@ -150,7 +150,7 @@ def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool 
     for name, shape in vision_shapes(vision).items():
         tensors[name] = seeded_tensor(seed, name, shape).to(torch.bfloat16).contiguous()
 
-    text = text_cfg.to_dict()
+    text = text_cfg.to_diff_dict()  # the keys toy-deepseek's own config.json has
     text.update(SGLANG_KEYS)
     text["architectures"] = ["DeepseekV3ForCausalLM"]
     for key in ("transformers_version", "dtype", "torch_dtype"):

@@ -20,7 +20,10 @@ and projector), reusing the steps of eyrie/sglang_e2e.py:
    file:line; the strict stage refuses it, the patch stage calls the setter on the inner model
    instead, and the extraction refuses the copy's bundle on the real installation; (b) a server
    whose hooks name the plain causal LM's modules (`model.layers.i`, which the wrapper does not
-   have) must make the extraction fail loudly, never store anything.
+   have) must make the extraction fail loudly, never store anything;
+5. with --import-hook, the other mechanism forced on the same release (the finder switches
+   SGLang's own capture on at the wrapper, which passes it to its language model) must give the
+   states the forward hooks gave.
 
 SGLang builds a multimodal processor for this architecture at start; the toy ships none, so the
 server gets SGLang's own extension point SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE naming
@@ -132,6 +135,11 @@ def main(argv=None) -> int:
     p.add_argument("--work", help="scratch folder (default: a new temporary one)")
     p.add_argument("--standin", action="store_true", help="CPU rehearsal with the stand-in")
     p.add_argument("--budget-s", type=float, default=320.0, help="time for all steps")
+    p.add_argument(
+        "--import-hook",
+        action="store_true",
+        help="also force the import-hook mechanism (one more server start, about 50 s)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,6 +155,12 @@ def main(argv=None) -> int:
         hf = run.step("transformers extract (language model alone)", run.hf_extract)
         run.step("compare stores", run.compare, hf)
         run.step("negative controls", run.controls)
+        if not args.import_hook:
+            run.summary["import_hook_skipped"] = "not asked for (--import-hook)"
+        elif args.standin:
+            run.summary["import_hook_skipped"] = "the stand-in has no SGLang model module"
+        else:
+            run.step("import hook", run.import_hook)
         run.summary["ok"] = True
     except Exception as exc:
         run.summary.setdefault("error", f"{type(exc).__name__}: {exc}")

@@ -6,7 +6,7 @@
 # zero errors, compares it with an independent transformers forward of the wrapper's
 # language-model tensors (cuda, bf16), then runs the negative controls: verify on a copy of
 # SGLang whose wrapper no longer passes the capture on, and a server hooked at module names the
-# wrapper does not have. About 5 minutes, two server starts; stops itself at 350 s.
+# wrapper does not have. About 4-5 minutes, two server starts; stops itself at 350 s (LIMIT_S).
 #
 # From the checkout root on the GPU machine, with the kit of shared/gpu/README.md and Eyrie's
 # wheels (scripts/gpu_wheels.sh: .gpu/w1a, then .gpu/w1b + .gpu/w2, then .gpu/w3):
@@ -16,7 +16,8 @@
 # .gpu/w3 is installed into /tmp/site here when it is present and zarr is not importable yet.
 # Results (at most 8 files: summary.json, summary.md, compare.json, validate.json,
 # manifest.json, negative.json, logs.txt) go to $OUT (default benchmarks/out/gpu-kimi). Extra
-# arguments go to `python3 -m eyrie.sglang_kimi_e2e` (e.g. --standin for a CPU rehearsal).
+# arguments go to `python3 -m eyrie.sglang_kimi_e2e` (e.g. --standin for a CPU rehearsal, or
+# `--import-hook --budget-s 380` with LIMIT_S=400 to also force the import-hook mechanism).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,4 +50,4 @@ fi
 
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-exec timeout --signal=TERM --kill-after=10 350 python3 -m eyrie.sglang_kimi_e2e --out "$OUT" "$@"
+exec timeout --signal=TERM --kill-after=10 "${LIMIT_S:-350}" python3 -m eyrie.sglang_kimi_e2e --out "$OUT" "$@"

@@ -68,22 +68,25 @@ def language_model_config(path: str | Path, arch: str):
 
 def language_state_dict(path: str | Path, arch: str) -> dict[str, torch.Tensor]:
     """The language model's tensors, renamed as the language model names them."""
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     from eyrie.target import KEY, weight_files
 
     w = WRAPPERS[arch]
     out: dict[str, torch.Tensor] = {}
     for f in weight_files(path):
-        for name, t in load_file(str(f)).items():
-            if name.startswith(w.prefix):
-                out[name[len(w.prefix) :]] = t
-            elif not name.startswith(w.skipped):
-                raise _error(
-                    f"{KEY}: {f} holds {name!r}, which is neither the language model's "
-                    f"({w.prefix}...) nor a vision tensor ({', '.join(w.skipped)}); is this a "
-                    f"{arch} checkpoint?"
-                )
+        with safe_open(str(f), framework="pt") as st:
+            names = list(st.keys())
+            for name in names:
+                if not name.startswith((w.prefix, *w.skipped)):
+                    raise _error(
+                        f"{KEY}: {f} holds {name!r}, which is neither the language model's "
+                        f"({w.prefix}...) nor a vision tensor ({', '.join(w.skipped)}); is "
+                        f"this a {arch} checkpoint?"
+                    )
+            for name in names:
+                if name.startswith(w.prefix):  # the vision tensors are never read
+                    out[name[len(w.prefix) :]] = st.get_tensor(name)
     return out
 
 

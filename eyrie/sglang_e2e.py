@@ -95,6 +95,8 @@ def run_cmd(cmd: list[str], log: Path, timeout: float, env=None) -> None:
 
 
 class Run:
+    config_file = CONFIG  # the workflow config the run starts from
+
     def __init__(self, out: Path, work: Path, standin: bool, budget_s: float, tp=None):
         self.out, self.work, self.standin, self.tp = out, work, standin, tp
         self.t0 = time.monotonic()
@@ -136,7 +138,7 @@ class Run:
         return target
 
     def write_config(self, target: Path) -> Path:
-        cfg = yaml.safe_load(CONFIG.read_text())
+        cfg = yaml.safe_load(self.config_file.read_text())
         cfg["results"] = str(self.work / "results")
         cfg["target"]["path"] = str(target)
         sg = cfg["capture"]["sglang"]

@@ -141,9 +141,14 @@ def load_model(path: str | Path, device: torch.device, architecture: str | None 
     """The model in eval mode on `device`, in the capture dtype; no remote code."""
     import transformers
 
+    from eyrie.wrapped import WRAPPERS, load_language_model
+
     path = check_folder(path)
     arch = read_architecture(path, architecture)
     cls = getattr(transformers, arch, None)
+    if cls is None and arch in WRAPPERS:  # a multimodal wrapper: its language model alone
+        weight_files(path)
+        return load_language_model(path, arch, device, capture_dtype(device)), arch
     if cls is None or not hasattr(cls, "from_pretrained"):
         raise TargetError(
             f"{KEY}: architecture {arch!r} of {path} is not in transformers "
@@ -231,11 +236,12 @@ def package_versions() -> dict[str, str]:
 
 
 TOY_DEEPSEEK = "toy-deepseek"
+TOYS = (TOY_DEEPSEEK, "toy-kimi-k25")
 
 
 def configured_dir(config: dict) -> Path:
-    """The target folder a workflow config names (toy-deepseek is built under results/)."""
+    """The target folder a workflow config names (a toy is built under results/targets/)."""
     path = config["target"]["path"]
-    if path == TOY_DEEPSEEK:
-        return Path(config.get("results", "results")) / "targets" / TOY_DEEPSEEK
+    if path in TOYS:
+        return Path(config.get("results", "results")) / "targets" / path
     return Path(path)

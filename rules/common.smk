@@ -4,6 +4,8 @@ R = config["results"]
 SPLITS = ["train", "heldout"]
 SHARDS = [f"{i:03d}" for i in range(config["extract"]["shards"])]
 TOY_DEEPSEEK = "toy-deepseek"
+TOY_KIMI = "toy-kimi-k25"
+TOYS = (TOY_DEEPSEEK, TOY_KIMI)
 
 
 wildcard_constraints:
@@ -12,9 +14,9 @@ wildcard_constraints:
 
 
 def target_dir():
-    """The target's HF folder: the configured one, or the toy-deepseek the workflow builds."""
-    if config["target"]["path"] == TOY_DEEPSEEK:
-        return f"{R}/targets/{TOY_DEEPSEEK}"
+    """The target's HF folder: the configured one, or a toy the workflow builds."""
+    if config["target"]["path"] in TOYS:
+        return f"{R}/targets/{config['target']['path']}"
     return config["target"]["path"]
 
 

@@ -1,4 +1,5 @@
-# Target stage: the configured target folder, or toy-deepseek built from its seed at run time.
+# Target stage: the configured target folder, or a toy (toy-deepseek, toy-kimi-k25) built from its
+# seed at run time.
 
 
 rule build_toy_deepseek:
@@ -18,3 +19,22 @@ rule build_toy_deepseek:
         "../envs/eyrie.yaml"
     script:
         "../scripts/build_toy_deepseek.py"
+
+
+rule build_toy_kimi:
+    input:
+        tokenizer="models/toy-llama/tokenizer.json",
+    output:
+        config=f"{R}/targets/{TOY_KIMI}/config.json",
+        weights=f"{R}/targets/{TOY_KIMI}/model.safetensors",
+    params:
+        seed=config["target"]["toy_seed"],
+        tiny=config["target"]["toy_tiny"],
+    log:
+        f"{R}/logs/build_toy_kimi.log",
+    benchmark:
+        f"{R}/benchmarks/build_toy_kimi.tsv"
+    conda:
+        "../envs/eyrie.yaml"
+    script:
+        "../scripts/build_toy_kimi.py"

@@ -91,6 +91,7 @@ class StandIn:
         fault: str = "none",
     ):
         from eyrie.target import load_model
+        from eyrie.wrapped import served_tree
 
         self.model, _ = load_model(model_path, torch.device("cpu"))
         self.chunk = chunked_prefill_size if chunked_prefill_size > 0 else 1 << 30
@@ -99,7 +100,8 @@ class StandIn:
         self.fault = fault
         self.prefix_hint = "eyrie-"
         self.hooks: dict[str, list] = {}
-        names = [n for n, _ in self.model.named_modules()]
+        # Module names as SGLang has them: a wrapper's language model sits under its attribute.
+        names = [n for n, _ in served_tree(model_path, self.model).named_modules()]
         for spec in hook_specs or []:
             hook = resolve_factory(spec["hook_factory"])(spec.get("config") or {})
             matched = [

@@ -1,10 +1,11 @@
 """SGLang's own acceptance and speed: serve the target with and without the exported drafter.
 
-Two servers in turn on 127.0.0.1 and a free port, the same prompts (token ids, batch 1, greedy)
-to each: the plain one gives baseline tokens/s and outputs; the EAGLE-3 one gives tokens/s and
-SGLang's own accept length (``meta_info.spec_accept_length``: tokens emitted per verify pass,
-bonus token included). The launcher waits for /health with a timeout, stops early with the
-log's tail when the server dies, and always stops the server's whole process group.
+Two servers in turn on 127.0.0.1 and a free port (retried on a port clash), the same prompts
+(token ids, batch 1, greedy) to each: the plain one gives baseline tokens/s and outputs; the
+EAGLE-3 one gives tokens/s and SGLang's own accept length (``meta_info.spec_accept_length``:
+tokens emitted per verify pass, bonus token included). The launcher waits for /health with a
+timeout, stops early with the log's tail when the server dies, and always stops the server's
+whole process group.
 
 Only standard-library HTTP is used, so this module runs on a GPU image that has SGLang and
 nothing else of Eyrie's dependencies but torch.
@@ -20,7 +21,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from eyrie.sglang_server import ServerError, SglangServer, free_port
+from eyrie.sglang_server import ServerError, SglangServer, ready_server
+from eyrie.sglang_server import free_port as free_port  # for a Server started by hand
 
 # The flags seen working with SGLang 0.5.12 on one H200 (shared/gpu/README.md): no CUDA graphs
 # (hooks and small toys), no xgrammar, token ids in and out.
@@ -201,23 +203,29 @@ def run_online(
     runs = {}
     log_dir = Path(log_dir)
     for name, draft in (("plain", None), ("eagle3", draft_dir)):
-        port = free_port()
-        cmd = server_command(
-            target_dir,
-            port,
-            draft_path=draft,
-            draft_tokens=draft_tokens,
-            server_args=server_args,
-            launcher=launcher,
-        )
-        with Server(cmd, log_dir / f"sglang-{name}.log", port) as server:
-            ready = server.wait_healthy(launch_timeout)
-            for i, p in enumerate(prompts[:warmup]):  # kernel compilation: not timed
-                generate(server.url, p["input_ids"], 8, f"eyrie-warmup-{name}-{i}")
-            runs[name] = {
-                "ready_seconds": ready,
-                **measure(server.url, prompts, max_new_tokens, name),
-            }
+
+        def command(port: int, draft=draft) -> list[str]:
+            return server_command(
+                target_dir,
+                port,
+                draft_path=draft,
+                draft_tokens=draft_tokens,
+                server_args=server_args,
+                launcher=launcher,
+            )
+
+        log = log_dir / f"sglang-{name}.log"
+        key = "evaluate.sglang.launch_timeout_s"
+        try:
+            with ready_server(command, log, launch_timeout, key=key, server_cls=Server) as server:
+                for i, p in enumerate(prompts[:warmup]):  # kernel compilation: not timed
+                    generate(server.url, p["input_ids"], 8, f"eyrie-warmup-{name}-{i}")
+                runs[name] = {
+                    "ready_seconds": server.ready_s,
+                    **measure(server.url, prompts, max_new_tokens, name),
+                }
+        except ServerError as exc:
+            raise OnlineError(str(exc)) from None
     plain, spec = runs["plain"], runs["eagle3"]
     same = sum(
         a["output_ids"] == b["output_ids"] for a, b in zip(plain["rows"], spec["rows"], strict=True)

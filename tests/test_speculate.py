@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -282,6 +283,32 @@ def test_online_measures_both_servers_and_stops_them(tmp_path):
     while any(_alive(c) for c in children) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(_alive(c) for c in children), "a server's child outlived it"
+
+
+def test_online_retries_a_port_taken_after_the_check(tmp_path, monkeypatch):
+    import eyrie.sglang_server as ss
+
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", ss.free_port()))
+    taken.listen()
+    real, given = ss.free_port, []
+
+    def next_port(*args, **kw):  # the first port handed out is taken by the time it is used
+        given.append(real(*args, **kw) if given else taken.getsockname()[1])
+        return given[-1]
+
+    monkeypatch.setattr(ss, "free_port", next_port)
+    monkeypatch.setattr(on, "free_port", next_port, raising=False)
+    rec = on.run_online(tmp_path, tmp_path, [{"id": "a", "input_ids": [1, 2]}], max_new_tokens=3,
+                        draft_tokens=2, log_dir=tmp_path / "logs", launch_timeout=30,
+                        server_args=["--pid-file", str(tmp_path / "pids")],
+                        launcher=[sys.executable, str(script)])  # fmt: skip
+    taken.close()
+    assert rec["status"] == "ok" and len(given) == 3  # plain: taken, then another; EAGLE-3: one
+    log = (tmp_path / "logs" / "sglang-plain.log").read_text()
+    assert "Address already in use" in log and f"--port {given[1]}" in log.split("$ ")[-1]
 
 
 def test_failing_server_reports_its_log(tmp_path):

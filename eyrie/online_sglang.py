@@ -24,12 +24,11 @@ from pathlib import Path
 from eyrie.sglang_server import ServerError, SglangServer, ready_server
 from eyrie.sglang_server import free_port as free_port  # for a Server started by hand
 
-# The flags seen working with SGLang 0.5.12 on one H200 (shared/gpu/README.md): no CUDA graphs
-# (hooks and small toys), no xgrammar, token ids in and out.
+# The flags seen working with SGLang 0.5.12 on one H200 (shared/gpu/README.md): CUDA graphs on
+# (as deployed; the eager mode adds --disable-cuda-graph), no piecewise graphs, no xgrammar.
 DEFAULT_SERVER_ARGS = [
     "--attention-backend",
     "triton",
-    "--disable-cuda-graph",
     "--disable-piecewise-cuda-graph",
     "--grammar-backend",
     "none",
@@ -41,6 +40,9 @@ DEFAULT_SERVER_ARGS = [
     "0.5",
 ]
 LAUNCHER = [sys.executable, "-m", "sglang.launch_server"]
+EAGER_FLAG = "--disable-cuda-graph"
+# evaluate.sglang.cuda_graph -> the modes measured, the headline one first
+MODES = {True: ("cuda_graph",), False: ("eager",), "both": ("cuda_graph", "eager")}
 
 
 class OnlineError(RuntimeError):
@@ -73,6 +75,26 @@ def server_command(
             str(draft_tokens + 1),
         ]
     return cmd
+
+
+def modes_of(cuda_graph) -> tuple[str, ...]:
+    try:
+        return MODES[cuda_graph]
+    except (KeyError, TypeError):
+        raise OnlineError(
+            f"evaluate.sglang.cuda_graph is {cuda_graph!r}; use true (CUDA graphs, as deployed), "
+            "false (eager: --disable-cuda-graph) or both"
+        ) from None
+
+
+def mode_args(server_args: Sequence[str], mode: str) -> list[str]:
+    """The server flags of one mode: eager adds --disable-cuda-graph."""
+    if EAGER_FLAG in server_args:
+        raise OnlineError(
+            f"evaluate.sglang.server_args holds {EAGER_FLAG}; remove it and set "
+            "evaluate.sglang.cuda_graph: false (or both) instead, so the record names the mode"
+        )
+    return [*server_args, EAGER_FLAG] if mode == "eager" else list(server_args)
 
 
 class Server(SglangServer):
@@ -136,6 +158,7 @@ def measure(url: str, prompts: list[dict], max_new_tokens: int, tag: str) -> dic
         rows.append(
             {
                 "id": p["id"],
+                "input_ids": list(map(int, p["input_ids"])),
                 "new_tokens": len(r["output_ids"]),
                 "seconds": r["seconds"],
                 "output_ids": r["output_ids"],
@@ -198,10 +221,31 @@ def run_online(
     server_args: Sequence[str] = DEFAULT_SERVER_ARGS,
     launcher: Sequence[str] = LAUNCHER,
     warmup: int = 1,
+    cuda_graph=True,
 ) -> dict:
-    """Baseline server, then EAGLE-3 server, on the same prompts; one summary dict."""
+    """Per mode (CUDA graphs, eager, or both): the plain server, then the EAGLE-3 server, on the
+    same prompts. The record's top-level figures are the first mode's (its ``mode`` says
+    which); ``modes`` holds every mode's."""
+    modes = modes_of(cuda_graph)
+    flags = {mode: mode_args(server_args, mode) for mode in modes}  # refused before any launch
+    summaries = {}
+    for mode in modes:
+        summaries[mode] = _run_mode(
+            target_dir, draft_dir, prompts, max_new_tokens=max_new_tokens,
+            draft_tokens=draft_tokens, log_dir=Path(log_dir) / mode if len(modes) > 1 else
+            Path(log_dir), launch_timeout=launch_timeout, server_args=flags[mode],
+            launcher=launcher, warmup=warmup,
+        )  # fmt: skip
+        summaries[mode]["mode"] = mode
+    head = summaries[modes[0]]
+    return {"status": "ok", **head, "modes": summaries}
+
+
+def _run_mode(
+    target_dir, draft_dir, prompts, *, max_new_tokens, draft_tokens, log_dir, launch_timeout,
+    server_args, launcher, warmup,
+) -> dict:  # fmt: skip
     runs = {}
-    log_dir = Path(log_dir)
     for name, draft in (("plain", None), ("eagle3", draft_dir)):
 
         def command(port: int, draft=draft) -> list[str]:
@@ -234,9 +278,9 @@ def run_online(
     if plain["tokens_per_s"] and spec["tokens_per_s"]:
         speedup = spec["tokens_per_s"] / plain["tokens_per_s"]
     return {
-        "status": "ok",
         "draft_tokens": draft_tokens,
         "prompts": len(prompts),
+        "server_args": list(server_args),
         "plain_tokens_per_s": plain["tokens_per_s"],
         "spec_tokens_per_s": spec["tokens_per_s"],
         "speedup": speedup,
@@ -259,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--draft-tokens", type=int, default=3)
     ap.add_argument("--launch-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--cuda-graph",
+        choices=["true", "false", "both"],
+        default="true",
+        help="true: CUDA graphs (as deployed); false: eager (--disable-cuda-graph); both",
+    )
     ap.add_argument("--out", required=True, help="JSON result")
     ap.add_argument("--log-dir", required=True, help="server logs")
     ap.add_argument("server_args", nargs="*", help="after --: flags replacing the defaults")
@@ -278,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             log_dir=args.log_dir,
             launch_timeout=args.launch_timeout,
             server_args=args.server_args or DEFAULT_SERVER_ARGS,
+            cuda_graph={"true": True, "false": False}.get(args.cuda_graph, args.cuda_graph),
         )
     except OnlineError as exc:
         print(f"online SGLang: {exc}", file=sys.stderr)
@@ -285,12 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     rec["machine"] = machine()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rec, indent=1) + "\n")
-    print(
-        f"SGLang: plain {rec['plain_tokens_per_s']:.1f} tok/s | EAGLE-3 "
-        f"{rec['spec_tokens_per_s']:.1f} tok/s | ratio {rec['speedup']:.2f}x | "
-        f"spec_accept_length {rec['accept_length']} | identical outputs "
-        f"{rec['identical']}/{rec['prompts']} | GPU {rec['machine']['gpu']}"
-    )
+    for mode, m in rec["modes"].items():
+        print(
+            f"SGLang ({mode}): plain {m['plain_tokens_per_s']:.1f} tok/s | EAGLE-3 "
+            f"{m['spec_tokens_per_s']:.1f} tok/s | ratio {m['speedup']:.2f}x | "
+            f"spec_accept_length {m['accept_length']} | identical outputs "
+            f"{m['identical']}/{m['prompts']} | GPU {rec['machine']['gpu']}"
+        )
     return 0
 
 

@@ -20,8 +20,9 @@
 # Environment: MODE=both|hf|sglang (both); K="1 2 3 4" (draft tokens swept by the transformers
 # loop); SGLANG_K=3 (draft tokens for SGLang); PROMPTS=16; MAX_NEW=96; DTYPE=float32 (transformers
 # loop); SGLANG_TIMEOUT=420 (seconds per server start); CUDA_GRAPH=both|true|false (both: each
-# SGLang server with CUDA graphs, then eagerly with --disable-cuda-graph; both reported); OUT=benchmarks/out/gpu (on the device
-# machine, set OUT=$OUT so the results come back); DATA=data/chat/heldout.jsonl.
+# SGLang server with CUDA graphs, then eagerly with --disable-cuda-graph; both reported);
+# OUT=benchmarks/out/gpu (on the device machine, set OUT=$OUT so the results come back);
+# DATA=data/chat/heldout.jsonl.
 set -euo pipefail
 
 TARGET=${1:-models/toy-llama}

@@ -24,23 +24,28 @@ from eyrie.export_check import (
 L, H, V, N = 8, 32, 96, 40
 
 
-def fake_drafter(folder: Path, aux_ids=(1, 3, 4), seed=0) -> dict:
-    """A drafter folder as eyrie train writes it (random weights, a real draft vocabulary)."""
+def fake_drafter(folder: Path, aux_ids=(1, 3, 4), seed=0, target: Path | None = None) -> dict:
+    """A drafter folder as eyrie train writes it (random weights, a real draft vocabulary), for
+    a fake target of L layers, hidden H and vocabulary V, or for the HF folder ``target``."""
+    layers, hidden, vocab = L, H, V
+    if target is not None:
+        t = json.loads((Path(target) / "config.json").read_text())
+        layers, hidden, vocab = t["num_hidden_layers"], t["hidden_size"], t["vocab_size"]
     cfg = DrafterConfig(
-        hidden_size=H,
+        hidden_size=hidden,
         intermediate_size=48,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
         num_aux=len(aux_ids),
-        vocab_size=V,
+        vocab_size=vocab,
         draft_vocab_size=N,
     )
     torch.manual_seed(seed)
     model = Drafter(cfg)
-    tokens = torch.sort(torch.randperm(V)[:N]).values
+    tokens = torch.sort(torch.randperm(vocab)[:N]).values
     model.set_vocab(
-        tokens - torch.arange(N), torch.zeros(V, dtype=torch.bool).index_fill(0, tokens, True)
+        tokens - torch.arange(N), torch.zeros(vocab, dtype=torch.bool).index_fill(0, tokens, True)
     )
     folder.mkdir(parents=True, exist_ok=True)
     save_file(
@@ -56,23 +61,25 @@ def fake_drafter(folder: Path, aux_ids=(1, 3, 4), seed=0) -> dict:
         "target": {
             "path": "models/x",
             "architectures": ["LlamaForCausalLM"],
-            "num_hidden_layers": L,
-            "hidden_size": H,
-            "vocab_size": V,
+            "num_hidden_layers": layers,
+            "hidden_size": hidden,
+            "vocab_size": vocab,
         },
         "draft_vocab": {"path": "v", "sha256": "0"},
         "train": {"steps": 1, "identity": "x", "settings": {}},
         "heldout": None,
     }
-    # the target's folder: config.json and the embedding and lm_head the export reads
-    target = folder.parent / f"{folder.name}-target"
-    target.mkdir(exist_ok=True)
-    embed = torch.randn(V, H, generator=torch.Generator().manual_seed(seed + 1))
-    save_file(
-        {"model.embed_tokens.weight": embed, "lm_head.weight": embed.flip(0).contiguous()},
-        str(target / "model.safetensors"),
-    )
-    (target / "config.json").write_text(json.dumps(meta["target"]))
+    if target is None:  # a fake target: config.json, and the embedding and lm_head read
+        target = folder.parent / f"{folder.name}-target"
+        target.mkdir(exist_ok=True)
+        embed = torch.randn(V, H, generator=torch.Generator().manual_seed(seed + 1))
+        save_file(
+            {"model.embed_tokens.weight": embed, "lm_head.weight": embed.flip(0).contiguous()},
+            str(target / "model.safetensors"),
+        )
+        (target / "config.json").write_text(json.dumps(meta["target"]))
+    else:
+        embed = load_file(str(Path(target) / "model.safetensors"))["model.embed_tokens.weight"]
     meta["target"]["path"] = str(target)
     (folder / "drafter.json").write_text(json.dumps(meta))
     return {

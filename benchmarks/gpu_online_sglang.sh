@@ -19,14 +19,17 @@
 #
 # Environment: MODE=both|hf|sglang (both); K="1 2 3 4" (draft tokens swept by the transformers
 # loop); SGLANG_K=3 (draft tokens for SGLang); PROMPTS=16; MAX_NEW=96; DTYPE=float32 (transformers
-# loop); SGLANG_TIMEOUT=420 (seconds per server start); OUT=benchmarks/out/gpu (on the device
-# machine, set OUT=$OUT so the results come back); DATA=data/chat/heldout.jsonl.
+# loop); SGLANG_TIMEOUT=420 (seconds per server start); CUDA_GRAPH=both|true|false (both: each
+# SGLang server with CUDA graphs, then eagerly with --disable-cuda-graph; both reported);
+# OUT=benchmarks/out/gpu (on the device machine, set OUT=$OUT so the results come back);
+# DATA=data/chat/heldout.jsonl.
 set -euo pipefail
 
 TARGET=${1:-models/toy-llama}
 DRAFTER=${2:-results/train/drafter}
 EXPORT=${3:-results/export/sglang}
 MODE=${MODE:-both}
+CUDA_GRAPH=${CUDA_GRAPH:-both}
 K=${K:-1 2 3 4}
 SGLANG_K=${SGLANG_K:-3}
 PROMPTS=${PROMPTS:-16}
@@ -64,7 +67,7 @@ if [[ $MODE == both || $MODE == sglang ]]; then
   echo "== SGLang online, EAGLE-3 chains of $SGLANG_K drafts"
   python3 -m eyrie.online_sglang --target "$TARGET" --draft "$EXPORT" --prompts-jsonl "$DATA" \
     --prompts "$PROMPTS" --max-new-tokens "$MAX_NEW" --draft-tokens "$SGLANG_K" \
-    --launch-timeout "$SGLANG_TIMEOUT" --out "$OUT/online_sglang.json" \
+    --launch-timeout "$SGLANG_TIMEOUT" --cuda-graph "$CUDA_GRAPH" --out "$OUT/online_sglang.json" \
     --log-dir "$OUT/sglang-logs" 2>&1 | tee "$OUT/online_sglang.txt" || status=1
 fi
 exit $status

@@ -206,6 +206,20 @@ class _SortedRepr:
         return f"{name}({{{body}}})" if body else f"{name}()"
 
 
+# Defaults computed from the running interpreter's environment when their module is imported
+# (sysconfig's scheme is "venv" inside a virtualenv, "posix_prefix" outside): shown as the
+# expression the source writes, so the dataset does not depend on where it is rebuilt.
+_ENVIRONMENT_DEFAULTS = {("sysconfig", "scheme"): "get_default_scheme()"}
+
+
+class _ShownAs:
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 def _machine_strings() -> list[str]:
     """Strings that would tie the dataset to this machine (paths, user names)."""
     values = {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, os.getcwd()}
@@ -221,7 +235,10 @@ def _signature(obj, shown_name: str) -> str | None:
         return None
     params = []
     for p in sig.parameters.values():
-        if isinstance(p.default, set | frozenset):
+        shown = _ENVIRONMENT_DEFAULTS.get((getattr(obj, "__module__", None), p.name))
+        if shown is not None and p.default is not p.empty:
+            p = p.replace(default=_ShownAs(shown))
+        elif isinstance(p.default, set | frozenset):
             p = p.replace(default=_SortedRepr(p.default))
         params.append(p)
     try:
@@ -657,7 +674,8 @@ kept once.
   a conversation keeps its split when the corpus grows.
 - Order: a seeded shuffle, so the first N lines (`dataset.max_samples`) are a mixed sample.
 
-Rebuild (the result depends only on the Python version and platform):
+Rebuild (the result depends only on the Python version and platform, not on the folder, the
+user or whether Python runs in a virtualenv):
 
 ```
 eyrie make-dataset --out data/chat

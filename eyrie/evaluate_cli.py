@@ -138,6 +138,7 @@ def run_online(
     log_dir,
     launch_timeout=600.0,
     server_args=None,
+    cuda_graph=True,
     if_possible=False,
 ) -> dict:
     """SGLang with and without the exported drafter; with ``if_possible``, a 'not run' record
@@ -164,6 +165,7 @@ def run_online(
             log_dir=log_dir,
             launch_timeout=launch_timeout,
             server_args=on.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),
+            cuda_graph=cuda_graph,
         )
         record["wall_seconds"] = time.time() - t0
         from eyrie.speculate import machine
@@ -318,6 +320,7 @@ def _speculate(args, cfg) -> int:
             log_dir=out.parent / "sglang-logs",
             launch_timeout=ev["sglang"]["launch_timeout_s"],
             server_args=ev["sglang"]["server_args"],
+            cuda_graph=ev["sglang"]["cuda_graph"],
             **common,
         )
     else:

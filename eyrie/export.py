@@ -5,7 +5,14 @@
   ``midlayer.*``, ``fc.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``.
 - ``vllm``: the speculators form vLLM detects (``speculators_model_type: eagle3``, the layer's
   Llama config under ``transformer_layer_config``, top-level ``eagle_aux_hidden_state_layer_ids``,
-  ``norm_before_residual: false``); weights ``layers.0.*`` and the rest as above.
+  ``norm_before_residual: false``); weights ``layers.0.*``, the rest as above, and the
+  target's input embedding as ``embed_tokens.weight`` (speculators 0.9.0 marks a missing one
+  to be copied from the verifier, but under transformers 5 it stays uninitialised).
+
+The target is named in the vLLM config (``speculators_config.verifier.name_or_path``) and in
+both folders' eyrie-export.json (``verifier``) by ``export.verifier_name``: a hub id, or, when
+null, the target folder's absolute path (a relative one would be taken for a hub id from any
+other working directory).
 
 The layer ids written are the ones that make each engine serve the layers the drafter was
 trained on (see the table in eyrie/export_check.py). Float weights are cast to ``dtype``; d2t
@@ -89,7 +96,9 @@ def sglang_config(meta: dict, ids: list[int], dtype: str) -> dict:
     }
 
 
-def vllm_config(meta: dict, ids: list[int], dtype: str, speculative_tokens: int) -> dict:
+def vllm_config(
+    meta: dict, ids: list[int], dtype: str, speculative_tokens: int, verifier: str
+) -> dict:
     c, t = meta["config"], meta["target"]
     return {
         "architectures": [VLLM_ARCH],
@@ -110,16 +119,45 @@ def vllm_config(meta: dict, ids: list[int], dtype: str, speculative_tokens: int)
                 }
             ],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": t["path"], "architectures": t.get("architectures", [])},
+            "verifier": {"name_or_path": verifier, "architectures": t.get("architectures", [])},
         },
         "torch_dtype": dtype,
     }
 
 
-def engine_weights(state: dict, aux_ids: list[int], engine: str, dtype: str) -> dict:
-    """The state dict renamed for the engine, fc's input blocks in ascending layer order."""
+def verifier_name(target_dir, configured: str | None) -> str:
+    """How the exported configs name the target: the configured name, else its absolute path."""
+    if configured:
+        return str(configured)
+    return str(Path(target_dir).expanduser().resolve())
+
+
+def target_embedding(target_dir, vocab_size: int, hidden_size: int) -> torch.Tensor:
+    """The target's input embedding (vocab, hidden), as the vLLM export ships it."""
+    from eyrie.drafter import DrafterError, read_target_tensors
+
+    try:
+        embed = read_target_tensors(target_dir)[0]
+    except DrafterError as exc:
+        raise ExportError(
+            f"the vllm export ships the target's embedding, read from {target_dir}: {exc}"
+        ) from None
+    if tuple(embed.shape) != (vocab_size, hidden_size):
+        raise ExportError(
+            f"the embedding of {target_dir} is {tuple(embed.shape)}; the drafter was trained "
+            f"for ({vocab_size}, {hidden_size}): export with the target it was trained on"
+        )
+    return embed
+
+
+def engine_weights(
+    state: dict, aux_ids: list[int], engine: str, dtype: str, embed: torch.Tensor | None = None
+) -> dict:
+    """The state dict renamed for the engine, fc's input blocks in ascending layer order, and
+    the target's embedding when given."""
     order = sorted(range(len(aux_ids)), key=lambda j: aux_ids[j])
     prefix = "midlayer." if engine == "sglang" else "layers.0."
+    state = dict(state) if embed is None else {**state, "embed_tokens.weight": embed}
     out = {}
     for name, t in state.items():
         if name == "fc.weight":
@@ -150,21 +188,32 @@ def export(
     dtype: str = "bfloat16",
     speculative_tokens: int = 3,
     draft_tokens: torch.Tensor | None = None,
+    target_dir=None,
+    verifier: str | None = None,
 ) -> dict:
-    """Write ``out_dir`` for ``engine`` ('sglang' or 'vllm'); returns its eyrie-export.json."""
+    """Write ``out_dir`` for ``engine`` ('sglang' or 'vllm'); returns its eyrie-export.json.
+
+    ``target_dir`` is the target folder (default: the path the drafter was trained with);
+    ``verifier`` the name written for it (export.verifier_name; None: its absolute path)."""
     from safetensors.torch import save_file
 
     if dtype not in FLOAT_DTYPES:
         raise ExportError(f"export.dtype {dtype!r} is not one of {sorted(FLOAT_DTYPES)}")
     meta, state = read_drafter(drafter_dir)
     trained, target = list(meta["aux_layer_ids"]), meta["target"]
+    target_dir = Path(target_dir if target_dir is not None else target["path"])
+    name = verifier_name(target_dir, verifier)
     ids = config_layer_ids(trained, engine, sglang_rule, int(target["num_hidden_layers"]))
+    embed = None
     if engine == "sglang":
         cfg = sglang_config(meta, ids, dtype)
     else:
-        cfg = vllm_config(meta, ids, dtype, speculative_tokens)
+        cfg = vllm_config(meta, ids, dtype, speculative_tokens, name)
+        c = meta["config"]
+        embed = target_embedding(target_dir, int(c["vocab_size"]), int(c["hidden_size"]))
     record = {
         "engine": engine,
+        "verifier": name,
         "trained_aux_layer_ids": trained,
         "layer_convention": "output of decoder layer i (0-based)",
         "config_layer_ids": ids,
@@ -179,7 +228,8 @@ def export(
     tmp = out_dir.with_name(f".{out_dir.name}.{uuid.uuid4().hex}.tmp")
     tmp.mkdir()
     try:
-        save_file(engine_weights(state, trained, engine, dtype), str(tmp / "model.safetensors"))
+        weights = engine_weights(state, trained, engine, dtype, embed)
+        save_file(weights, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / EXPORT_META).write_text(json.dumps(record, indent=2) + "\n")
         require_ok(
@@ -193,6 +243,7 @@ def export(
                 sglang_rule=sglang_rule,
                 draft_tokens=draft_tokens,
                 reference=state,
+                target_embedding=embed,
             ),
         )
         publish_dir(tmp, out_dir)

@@ -156,11 +156,13 @@ def expected_weights(
         "lm_head.weight": ((draft_vocab, hidden), f),
         "d2t": ((draft_vocab,), "int64"),
         "t2d": ((vocab,), "bool"),
+        # speculators 0.9.0 leaves a missing one uninitialised under transformers 5
+        **({"embed_tokens.weight": ((vocab, hidden), f)} if engine == "vllm" else {}),
     }
 
 
 # names an engine accepts but Eyrie never writes: tolerated, not required
-OPTIONAL_WEIGHTS = {"sglang": ("embed_tokens.weight",), "vllm": ("embed_tokens.weight",)}
+OPTIONAL_WEIGHTS = {"sglang": ("embed_tokens.weight",), "vllm": ()}
 
 
 @dataclass
@@ -175,6 +177,7 @@ class Expectation:
     sglang_rule: str = "plus_one"
     draft_tokens: torch.Tensor | None = None  # the trained draft vocabulary, when known
     reference: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    target_embedding: torch.Tensor | None = field(default=None, repr=False)  # the target's own
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -411,6 +414,11 @@ def check_export(folder, e: Expectation) -> list[str]:
     problems += _weight_problems(weights, cfg, e)
     if e.reference is not None:
         problems += _reference_problems(weights, e)
+    got = weights.get("embed_tokens.weight")
+    ref = e.target_embedding
+    if got is not None and ref is not None and got.shape == ref.shape:
+        if not torch.equal(got, ref.to(got.dtype)):
+            problems.append("weight 'embed_tokens.weight' differs from the target's embedding")
     return problems
 
 

@@ -1,10 +1,11 @@
 """SGLang's own acceptance and speed: serve the target with and without the exported drafter.
 
-Two servers in turn on 127.0.0.1 and a free port, the same prompts (token ids, batch 1, greedy)
-to each: the plain one gives baseline tokens/s and outputs; the EAGLE-3 one gives tokens/s and
-SGLang's own accept length (``meta_info.spec_accept_length``: tokens emitted per verify pass,
-bonus token included). The launcher waits for /health with a timeout, stops early with the
-log's tail when the server dies, and always stops the server's whole process group.
+Two servers in turn on 127.0.0.1 and a free port (retried on a port clash), the same prompts
+(token ids, batch 1, greedy) to each: the plain one gives baseline tokens/s and outputs; the
+EAGLE-3 one gives tokens/s and SGLang's own accept length (``meta_info.spec_accept_length``:
+tokens emitted per verify pass, bonus token included). The launcher waits for /health with a
+timeout, stops early with the log's tail when the server dies, and always stops the server's
+whole process group.
 
 Only standard-library HTTP is used, so this module runs on a GPU image that has SGLang and
 nothing else of Eyrie's dependencies but torch.
@@ -20,14 +21,14 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from eyrie.sglang_server import ServerError, SglangServer, free_port
+from eyrie.sglang_server import ServerError, SglangServer, ready_server
+from eyrie.sglang_server import free_port as free_port  # for a Server started by hand
 
-# The flags seen working with SGLang 0.5.12 on one H200 (shared/gpu/README.md): no CUDA graphs
-# (hooks and small toys), no xgrammar, token ids in and out.
+# The flags seen working with SGLang 0.5.12 on one H200 (shared/gpu/README.md): CUDA graphs on
+# (as deployed; the eager mode adds --disable-cuda-graph), no piecewise graphs, no xgrammar.
 DEFAULT_SERVER_ARGS = [
     "--attention-backend",
     "triton",
-    "--disable-cuda-graph",
     "--disable-piecewise-cuda-graph",
     "--grammar-backend",
     "none",
@@ -39,6 +40,9 @@ DEFAULT_SERVER_ARGS = [
     "0.5",
 ]
 LAUNCHER = [sys.executable, "-m", "sglang.launch_server"]
+EAGER_FLAG = "--disable-cuda-graph"
+# evaluate.sglang.cuda_graph -> the modes measured, the headline one first
+MODES = {True: ("cuda_graph",), False: ("eager",), "both": ("cuda_graph", "eager")}
 
 
 class OnlineError(RuntimeError):
@@ -71,6 +75,26 @@ def server_command(
             str(draft_tokens + 1),
         ]
     return cmd
+
+
+def modes_of(cuda_graph) -> tuple[str, ...]:
+    try:
+        return MODES[cuda_graph]
+    except (KeyError, TypeError):
+        raise OnlineError(
+            f"evaluate.sglang.cuda_graph is {cuda_graph!r}; use true (CUDA graphs, as deployed), "
+            "false (eager: --disable-cuda-graph) or both"
+        ) from None
+
+
+def mode_args(server_args: Sequence[str], mode: str) -> list[str]:
+    """The server flags of one mode: eager adds --disable-cuda-graph."""
+    if EAGER_FLAG in server_args:
+        raise OnlineError(
+            f"evaluate.sglang.server_args holds {EAGER_FLAG}; remove it and set "
+            "evaluate.sglang.cuda_graph: false (or both) instead, so the record names the mode"
+        )
+    return [*server_args, EAGER_FLAG] if mode == "eager" else list(server_args)
 
 
 class Server(SglangServer):
@@ -134,6 +158,7 @@ def measure(url: str, prompts: list[dict], max_new_tokens: int, tag: str) -> dic
         rows.append(
             {
                 "id": p["id"],
+                "input_ids": list(map(int, p["input_ids"])),
                 "new_tokens": len(r["output_ids"]),
                 "seconds": r["seconds"],
                 "output_ids": r["output_ids"],
@@ -196,28 +221,55 @@ def run_online(
     server_args: Sequence[str] = DEFAULT_SERVER_ARGS,
     launcher: Sequence[str] = LAUNCHER,
     warmup: int = 1,
+    cuda_graph=True,
 ) -> dict:
-    """Baseline server, then EAGLE-3 server, on the same prompts; one summary dict."""
+    """Per mode (CUDA graphs, eager, or both): the plain server, then the EAGLE-3 server, on the
+    same prompts. The record's top-level figures are the first mode's (its ``mode`` says
+    which); ``modes`` holds every mode's."""
+    modes = modes_of(cuda_graph)
+    flags = {mode: mode_args(server_args, mode) for mode in modes}  # refused before any launch
+    summaries = {}
+    for mode in modes:
+        summaries[mode] = _run_mode(
+            target_dir, draft_dir, prompts, max_new_tokens=max_new_tokens,
+            draft_tokens=draft_tokens, log_dir=Path(log_dir) / mode if len(modes) > 1 else
+            Path(log_dir), launch_timeout=launch_timeout, server_args=flags[mode],
+            launcher=launcher, warmup=warmup,
+        )  # fmt: skip
+        summaries[mode]["mode"] = mode
+    head = summaries[modes[0]]
+    return {"status": "ok", **head, "modes": summaries}
+
+
+def _run_mode(
+    target_dir, draft_dir, prompts, *, max_new_tokens, draft_tokens, log_dir, launch_timeout,
+    server_args, launcher, warmup,
+) -> dict:  # fmt: skip
     runs = {}
-    log_dir = Path(log_dir)
     for name, draft in (("plain", None), ("eagle3", draft_dir)):
-        port = free_port()
-        cmd = server_command(
-            target_dir,
-            port,
-            draft_path=draft,
-            draft_tokens=draft_tokens,
-            server_args=server_args,
-            launcher=launcher,
-        )
-        with Server(cmd, log_dir / f"sglang-{name}.log", port) as server:
-            ready = server.wait_healthy(launch_timeout)
-            for i, p in enumerate(prompts[:warmup]):  # kernel compilation: not timed
-                generate(server.url, p["input_ids"], 8, f"eyrie-warmup-{name}-{i}")
-            runs[name] = {
-                "ready_seconds": ready,
-                **measure(server.url, prompts, max_new_tokens, name),
-            }
+
+        def command(port: int, draft=draft) -> list[str]:
+            return server_command(
+                target_dir,
+                port,
+                draft_path=draft,
+                draft_tokens=draft_tokens,
+                server_args=server_args,
+                launcher=launcher,
+            )
+
+        log = log_dir / f"sglang-{name}.log"
+        key = "evaluate.sglang.launch_timeout_s"
+        try:
+            with ready_server(command, log, launch_timeout, key=key, server_cls=Server) as server:
+                for i, p in enumerate(prompts[:warmup]):  # kernel compilation: not timed
+                    generate(server.url, p["input_ids"], 8, f"eyrie-warmup-{name}-{i}")
+                runs[name] = {
+                    "ready_seconds": server.ready_s,
+                    **measure(server.url, prompts, max_new_tokens, name),
+                }
+        except ServerError as exc:
+            raise OnlineError(str(exc)) from None
     plain, spec = runs["plain"], runs["eagle3"]
     same = sum(
         a["output_ids"] == b["output_ids"] for a, b in zip(plain["rows"], spec["rows"], strict=True)
@@ -226,9 +278,9 @@ def run_online(
     if plain["tokens_per_s"] and spec["tokens_per_s"]:
         speedup = spec["tokens_per_s"] / plain["tokens_per_s"]
     return {
-        "status": "ok",
         "draft_tokens": draft_tokens,
         "prompts": len(prompts),
+        "server_args": list(server_args),
         "plain_tokens_per_s": plain["tokens_per_s"],
         "spec_tokens_per_s": spec["tokens_per_s"],
         "speedup": speedup,
@@ -251,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--draft-tokens", type=int, default=3)
     ap.add_argument("--launch-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--cuda-graph",
+        choices=["true", "false", "both"],
+        default="true",
+        help="true: CUDA graphs (as deployed); false: eager (--disable-cuda-graph); both",
+    )
     ap.add_argument("--out", required=True, help="JSON result")
     ap.add_argument("--log-dir", required=True, help="server logs")
     ap.add_argument("server_args", nargs="*", help="after --: flags replacing the defaults")
@@ -270,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             log_dir=args.log_dir,
             launch_timeout=args.launch_timeout,
             server_args=args.server_args or DEFAULT_SERVER_ARGS,
+            cuda_graph={"true": True, "false": False}.get(args.cuda_graph, args.cuda_graph),
         )
     except OnlineError as exc:
         print(f"online SGLang: {exc}", file=sys.stderr)
@@ -277,12 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     rec["machine"] = machine()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rec, indent=1) + "\n")
-    print(
-        f"SGLang: plain {rec['plain_tokens_per_s']:.1f} tok/s | EAGLE-3 "
-        f"{rec['spec_tokens_per_s']:.1f} tok/s | ratio {rec['speedup']:.2f}x | "
-        f"spec_accept_length {rec['accept_length']} | identical outputs "
-        f"{rec['identical']}/{rec['prompts']} | GPU {rec['machine']['gpu']}"
-    )
+    for mode, m in rec["modes"].items():
+        print(
+            f"SGLang ({mode}): plain {m['plain_tokens_per_s']:.1f} tok/s | EAGLE-3 "
+            f"{m['spec_tokens_per_s']:.1f} tok/s | ratio {m['speedup']:.2f}x | "
+            f"spec_accept_length {m['accept_length']} | identical outputs "
+            f"{m['identical']}/{m['prompts']} | GPU {rec['machine']['gpu']}"
+        )
     return 0
 
 

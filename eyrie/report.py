@@ -66,7 +66,9 @@ def speed(inp: Inputs) -> tuple[float | None, str, float | None, int | None]:
     o = inp.online or {}
     if o.get("status") == "ok" and o.get("speedup"):
         k = o.get("draft_tokens")
-        return float(o["speedup"]), f"SGLang EAGLE-3, {k} draft tokens", o.get("accept_length"), k
+        mode = {"cuda_graph": "CUDA graphs", "eager": "eager"}.get(o.get("mode"), "eager")
+        where = f"SGLang EAGLE-3, {k} draft tokens, {mode}"
+        return float(o["speedup"]), where, o.get("accept_length"), k
     s = inp.speculate or {}
     if s.get("speedup") is not None and not _nan(s["speedup"]):
         m = s.get("machine") or {}
@@ -367,12 +369,15 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
         lines.append("- transformers loop: not run")
     o = inp.online
     if o and o.get("status") == "ok":
-        lines.append(
-            f"- SGLang online: plain {_fmt(o.get('plain_tokens_per_s'), '.1f')} tok/s, EAGLE-3 "
-            f"{_fmt(o.get('spec_tokens_per_s'), '.1f')} tok/s, **{_fmt(o.get('speedup'))}×**; "
-            f"spec_accept_length {_fmt(o.get('accept_length'))}; identical outputs "
-            f"{o.get('identical')}/{o.get('prompts')}"
-        )
+        for mode, m in (o.get("modes") or {o.get("mode", "eager"): o}).items():
+            shown = {"cuda_graph": "CUDA graphs", "eager": "eager, --disable-cuda-graph"}
+            lines.append(
+                f"- SGLang online ({shown.get(mode, mode)}): plain "
+                f"{_fmt(m.get('plain_tokens_per_s'), '.1f')} tok/s, EAGLE-3 "
+                f"{_fmt(m.get('spec_tokens_per_s'), '.1f')} tok/s, **{_fmt(m.get('speedup'))}×**; "
+                f"spec_accept_length {_fmt(m.get('accept_length'))}; identical outputs "
+                f"{m.get('identical')}/{m.get('prompts')}"
+            )
     else:
         reason = (o or {}).get("reason", "no record")
         lines.append(f"- SGLang online: not run: {reason}")

@@ -414,7 +414,7 @@ def patched_server(
         server_args,
         server_env,
     )
-    from eyrie.sglang_server import ServerError, SglangServer, free_port, launch_command
+    from eyrie.sglang_server import ServerError, launch_command, ready_server
 
     manifest_sha = proto.sha256_file(bundle / "manifest.json")
     external = bool(settings["url"])
@@ -441,22 +441,27 @@ def patched_server(
             check_installed(manifest, installed_package(python, env))
         except RuntimeError as exc:
             raise SglangError(str(exc)) from None
-        port = free_port()
         launcher = settings["launcher"] or [python, "-m", "sglang.launch_server"]
-        cmd = launch_command(
-            target_path,
-            port,
-            launcher=list(launcher),
-            tp=int(settings["tp"]),
-            chunked_prefill_size=settings["chunked_prefill_size"],
-            dtype=settings["dtype"],
-            server_args=settings["server_args"],
-            patch_args=server_args(bundle, manifest, path, rid_prefix),
-        )
+
+        def command(port: int) -> list[str]:
+            return launch_command(
+                target_path,
+                port,
+                launcher=list(launcher),
+                tp=int(settings["tp"]),
+                chunked_prefill_size=settings["chunked_prefill_size"],
+                dtype=settings["dtype"],
+                server_args=settings["server_args"],
+                patch_args=server_args(bundle, manifest, path, rid_prefix),
+            )
+
+        command(0)  # refuses bad configured flags before anything starts
         try:
-            with SglangServer(cmd, log_path, port, env=env) as server:
-                seconds = server.wait_ready(float(settings["launch_timeout_s"]))
-                log.info("SGLang ready on %s after %.0f s (log %s)", server.url, seconds, log_path)
+            timeout = float(settings["launch_timeout_s"])
+            with ready_server(command, log_path, timeout, env=env) as server:
+                log.info(
+                    "SGLang ready on %s after %.0f s (log %s)", server.url, server.ready_s, log_path
+                )
                 folder.server = server
                 try:
                     folder.check_loaded(manifest["mechanism"], rid_prefix)

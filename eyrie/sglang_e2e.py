@@ -343,7 +343,7 @@ def served(run: Run, name: str, bundle: Path | None, manifest: dict):
     from eyrie.sglang_client import DumpFolder, SglangCapture, post_json
     from eyrie.sglang_patch.bundle import server_args, server_env, sglang_settings
     from eyrie.sglang_patch.dump import sha256_file
-    from eyrie.sglang_server import SglangServer, free_port, launch_command
+    from eyrie.sglang_server import launch_command, ready_server
 
     cfg = run.config
     s = sglang_settings(cfg["capture"])
@@ -355,23 +355,27 @@ def served(run: Run, name: str, bundle: Path | None, manifest: dict):
         extra = server_args(bundle, manifest, dump, prefix)
     else:
         env, extra = base, list(manifest["server_flags"])  # the same eager, cache-free server
-    port = free_port()
-    cmd = launch_command(
-        cfg["target"]["path"],
-        port,
-        launcher=s["launcher"] or [s["python"] or sys.executable, "-m", "sglang.launch_server"],
-        tp=s["tp"],
-        chunked_prefill_size=s["chunked_prefill_size"],
-        dtype=s["dtype"],
-        server_args=s["server_args"],
-        patch_args=extra,
-    )
+
+    def command(port: int) -> list[str]:
+        return launch_command(
+            cfg["target"]["path"],
+            port,
+            launcher=s["launcher"] or [s["python"] or sys.executable, "-m", "sglang.launch_server"],
+            tp=s["tp"],
+            chunked_prefill_size=s["chunked_prefill_size"],
+            dtype=s["dtype"],
+            server_args=s["server_args"],
+            patch_args=extra,
+        )
+
+    command(0)  # refuses bad configured flags before anything starts
     log = run.work / "logs" / f"{name}.log"
     run.logs.append(log)
     pool = ThreadPoolExecutor(int(s["concurrency"]))
     try:
-        with SglangServer(cmd, log, port, env=env) as server:
-            ready = server.wait_ready(min(float(s["launch_timeout_s"]), run.left()))
+        timeout = min(float(s["launch_timeout_s"]), run.left())
+        with ready_server(command, log, timeout, env=env) as server:
+            ready = server.ready_s
             if bundle is not None:
                 folder = DumpFolder(dump, sha256_file(bundle / "manifest.json"), bundle)
                 folder.server, folder.server_log = server, log

@@ -1,18 +1,25 @@
 """The SGLang server of one extract job: started, watched, and always stopped.
 
-`python -m sglang.launch_server` runs on 127.0.0.1 and a free port, in its own process group
+`python -m sglang.launch_server` runs on 127.0.0.1 and a free port SGLang accepts (below 55535,
+with port + 10000, where SGLang 0.5.12 puts its gRPC port, free too), in its own process group
 (SGLang starts scheduler and detokenizer processes; stopping the group reaches them all), with
 its output in a log file. Readiness is GET /health answering 200 within a timeout; a server
 that exits or times out first raises ServerError carrying the log's last lines. The server is
 stopped on every way out of the `with` block: normal end, exception, or SIGTERM to the job
 (turned into SystemExit while the block runs). On Linux the launcher also gets SIGTERM when the
 job dies without a chance to clean up (PR_SET_PDEATHSIG); SGLang's own processes follow it.
+A launch that dies of a port clash (another process took the port between the check and the
+bind) is retried on a new port, a few times, by `ready_server`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
 import os
+import random
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +29,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 LAUNCHER = [sys.executable, "-m", "sglang.launch_server"]
 # Flags seen working with SGLang 0.5.12 on one H200 (shared notes); the patch's own flags
@@ -53,10 +62,38 @@ class ServerError(RuntimeError):
     """The server could not be started or stopped responding; the message carries its log."""
 
 
-def free_port() -> int:
+# SGLang 0.5.12 serves gRPC on port + 10000 and refuses a launch where that passes 65535
+# ("ValueError: SGLANG_GRPC_PORT (69153) must be between 1 and 65535").
+GRPC_OFFSET = 10000
+PORT_RANGE = (20000, 65535 - GRPC_OFFSET)  # [low, high): below the ephemeral range's top
+LAUNCH_ATTEMPTS = 3
+# What a server log shows when the launch lost its port to another process, or SGLang refused it.
+PORT_CLASH = re.compile(
+    r"address already in use|errno 98\b|eaddrinuse|SGLANG_GRPC_PORT \(\d+\) must be between",
+    re.IGNORECASE,
+)
+
+
+def _can_bind(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(rng: random.Random | None = None, tries: int = 500) -> int:
+    """A port SGLang accepts: in PORT_RANGE, free on 127.0.0.1 together with port + 10000."""
+    rng = rng or random.SystemRandom()  # jobs started together do not draw the same ports
+    for _ in range(tries):
+        port = rng.randrange(*PORT_RANGE)
+        if _can_bind(port) and _can_bind(port + GRPC_OFFSET):
+            return port
+    raise ServerError(
+        f"no port in {PORT_RANGE[0]}..{PORT_RANGE[1] - 1} is free on 127.0.0.1 together with "
+        f"port + {GRPC_OFFSET} after {tries} tries; free some ports and rerun"
+    )
 
 
 def log_tail(path, lines: int = 40) -> str:
@@ -147,6 +184,7 @@ class SglangServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = env
         self.proc: subprocess.Popen | None = None
+        self.ready_s: float | None = None  # set by ready_server
         self._old_handler = None
 
     def start(self) -> SglangServer:
@@ -226,6 +264,60 @@ class SglangServer:
         if self._old_handler is not None:
             signal.signal(signal.SIGTERM, self._old_handler)
             self._old_handler = None
+
+
+def _port_clash(log_path: Path, offset: int) -> str | None:
+    """The log line (written after `offset`) saying the launch lost its port, or None."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    m = PORT_CLASH.search(text)
+    if m is None:
+        return None
+    start, end = text.rfind("\n", 0, m.start()) + 1, text.find("\n", m.end())
+    return text[start : end if end >= 0 else len(text)].strip()
+
+
+@contextlib.contextmanager
+def ready_server(
+    command,
+    log_path,
+    timeout: float,
+    *,
+    env: dict | None = None,
+    key: str = "capture.sglang.launch_timeout_s",
+    attempts: int = LAUNCH_ATTEMPTS,
+    server_cls: type[SglangServer] = SglangServer,
+):
+    """A started server of `command(port)`, ready (its `ready_s` set), stopped on leaving.
+
+    A launch that fails with a port clash in its log (address in use, or SGLang refusing the
+    port) is stopped and retried on a new port, up to `attempts` launches in all.
+    """
+    log_path, tried = Path(log_path), []
+    for _ in range(attempts):
+        port = free_port()
+        tried.append(port)
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        with server_cls(command(port), log_path, port, env=env) as server:
+            try:
+                server.ready_s = server.wait_ready(timeout, key=key)
+            except ServerError:
+                clash = _port_clash(log_path, offset)
+                if clash is None:
+                    raise
+                log.warning("SGLang could not use port %d (%s); retrying on another", port, clash)
+                continue
+            yield server
+            return
+    raise server.failure(
+        f"the SGLang server failed with a port clash on each of {len(tried)} launches "
+        f"(ports {', '.join(map(str, tried))} on 127.0.0.1; {clash}): another process is "
+        "taking ports in this range; stop it or rerun"
+    )
 
 
 def _raise_exit(signum, frame):

@@ -57,6 +57,7 @@ def add_arguments(parser) -> None:
         parser.add_argument("--out", help="output root (default {results}/export); ENGINE below")
         parser.add_argument("--vocab", help="draft vocabulary to check d2t against")
         parser.add_argument("--report", help="write a JSON summary of the exports here")
+        parser.add_argument("--target", help="target folder (default: target.path)")
     else:
         parser.add_argument("folder", help="an exported drafter folder")
         parser.add_argument("--engine", choices=["sglang", "vllm"], required=True)
@@ -169,6 +170,7 @@ def _export(args, cfg) -> int:
     from eyrie.atomic import write_json
     from eyrie.draft_vocab import load as load_vocab
     from eyrie.export import export
+    from eyrie.target import configured_dir
 
     results = Path(cfg["results"])
     drafter = Path(args.drafter or results / "train" / "drafter")
@@ -186,6 +188,8 @@ def _export(args, cfg) -> int:
             dtype=ex["dtype"],
             speculative_tokens=ex["speculative_tokens"],
             draft_tokens=tokens,
+            target_dir=args.target or configured_dir(cfg),
+            verifier=ex["verifier_name"],
         )
         ids = records[engine]["config_layer_ids"]
         print(f"{out_root / engine}: {engine} export checked; config layer ids {ids}")
@@ -207,9 +211,14 @@ def _check(args) -> int:
         dmeta, reference = read_drafter(args.drafter)
         ids = ids or dmeta["aux_layer_ids"]
     ids = ids or meta.get("trained_aux_layer_ids")
+    embed = None
     if args.target:
         text = json.loads((Path(args.target) / "config.json").read_text())
         text = text.get("text_config", text)
+        if args.engine == "vllm":  # the shipped embedding must be this target's
+            from eyrie.export import target_embedding
+
+            embed = target_embedding(args.target, int(text["vocab_size"]), int(text["hidden_size"]))
     else:
         text = meta.get("target")
     if not ids or not text:
@@ -230,6 +239,7 @@ def _check(args) -> int:
             target_vocab_size=int(text["vocab_size"]),
             sglang_rule=rule,
             reference=reference,
+            target_embedding=embed,
         ),
     )
     if problems:

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from eyrie.atomic import write_json
 from eyrie.draft_vocab import load as load_vocab
-from eyrie.export import export
+from eyrie.export import export, target_embedding
 from eyrie.export_check import Expectation, check_export, served_layers
 from eyrie.store import ShardReader
 
@@ -27,6 +27,8 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log):
         dtype=ex["dtype"],
         speculative_tokens=ex["speculative_tokens"],
         draft_tokens=tokens,
+        target_dir=Path(sm.input.target).parent,
+        verifier=ex["verifier_name"],
     )
     target = json.loads(Path(sm.input.target).read_text())
     text = target.get("text_config", target)
@@ -40,6 +42,11 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log):
         sglang_rule=ex["sglang_layer_id_rule"],
         draft_tokens=tokens,
         reference=load_file(sm.input.weights),
+        target_embedding=None
+        if engine == "sglang"
+        else target_embedding(
+            Path(sm.input.target).parent, int(text["vocab_size"]), int(text["hidden_size"])
+        ),
     )
     problems = check_export(sm.output.folder, expect)
     ids = record["config_layer_ids"]

@@ -5,12 +5,16 @@
 # with zero errors, extracts the same samples with the transformers backend (cuda, bf16) and
 # compares the two, then times the same requests on a patched and an unpatched server.
 #
-# From the checkout root on the GPU machine, after the kit of shared/gpu/README.md:
+# From the checkout root on the GPU machine, after steps 1 and 2 of scripts/gpu_wheels.sh's
+# header (SGLang's kit in /tmp/wheels and /tmp/site), with .gpu/w3 carried:
 #
-#   source .gpu/w2/install.sh && scripts/gpu_e2e_sglang.sh
+#   scripts/gpu_e2e_sglang.sh
 #
-# Eyrie's own dependencies (zarr, numcodecs, snakemake, ...) come as wheels in .gpu/w3; they are
-# installed into /tmp/site here when that folder exists and zarr is not importable yet.
+# When sglang is not importable yet it sources .gpu/w2/install.sh if .gpu/w2 was carried, else
+# puts /tmp/site (where step 2 installed SGLang) on PYTHONPATH. When zarr or snakemake is not
+# importable yet it installs Eyrie's own dependencies from the wheels in .gpu/w3 into
+# /tmp/site with `pip install --no-index --no-deps --target /tmp/site` (their dependencies are
+# SGLang's, already in /tmp/site, which pip does not look at there).
 # Results (at most 8 files: summary.json, summary.md, compare.json, validate.json,
 # manifest.json, logs.txt) go to $OUT (default benchmarks/out/gpu-sglang). Extra arguments go to
 # `python3 -m eyrie.sglang_e2e` (e.g. --skip-bench, --standin for a CPU rehearsal).
@@ -22,11 +26,13 @@ if [ -z "${PYTHONPATH:-}" ] || ! python3 -c "import sglang" 2>/dev/null; then
     # shellcheck disable=SC1091
     source .gpu/w2/install.sh
     set -euo pipefail  # install.sh ends with set +e
+  elif [ -d /tmp/site/sglang ]; then  # installed by step 2, .gpu/w2 not carried this time
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} TVM_FFI_CACHE_DIR=/tmp/tvmffi
   fi
 fi
 if [ -d .gpu/w3 ] && ! python3 -c "import zarr, snakemake" 2>/dev/null; then
   echo "installing .gpu/w3 into /tmp/site"
-  python3 -m pip install -q --no-index --target /tmp/site .gpu/w3/*.whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/w3/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -10,9 +10,13 @@
 # On the GPU machine, in three calls within the machine's idle window:
 #   1. carry .gpu/w1a:          mkdir -p /tmp/wheels && cp .gpu/w1a/* /tmp/wheels/
 #   2. carry .gpu/w1b .gpu/w2:  cp .gpu/w1b/* /tmp/wheels/ && source .gpu/w2/install.sh
-#   3. carry .gpu/w3:           export PYTHONPATH=/tmp/site TVM_FFI_CACHE_DIR=/tmp/tvmffi
-#                               python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/w3/*.whl
-#                               scripts/gpu_e2e_sglang.sh   (or benchmarks/gpu_*.sh)
+#   3. carry .gpu/w3:           scripts/gpu_e2e_sglang.sh
+#                               (it finds SGLang in /tmp/site and installs .gpu/w3 there with
+#                               pip install --no-index --no-deps --target /tmp/site itself);
+#                               for benchmarks/gpu_*.sh, first:
+#                               export PYTHONPATH=/tmp/site TVM_FFI_CACHE_DIR=/tmp/tvmffi
+#                               python3 -m pip install -q --no-index --no-deps \
+#                                 --target /tmp/site .gpu/w3/*.whl
 # Needs pip and the `wheel` package. Versions follow envs/eyrie.yaml.
 set -euo pipefail
 top=$(git rev-parse --show-toplevel)

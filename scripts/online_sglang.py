@@ -29,6 +29,7 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.re
                 log_dir=sm.params.log_dir,
                 launch_timeout=ev["sglang"]["launch_timeout_s"],
                 server_args=ev["sglang"]["server_args"],
+                cuda_graph=ev["sglang"]["cuda_graph"],
                 if_possible=True,
             )
         print(rec.get("reason") or f"speedup {rec['speedup']:.2f}, accept {rec['accept_length']}")

@@ -26,6 +26,11 @@ def test_embedded_default_is_valid_and_defaults_fill_in():
     filled = check(minimal)
     assert filled["extract"]["shards"] >= 1 and filled["validate"]["max_errors"] == 0
     assert "extract" not in minimal  # the input is not modified
+    assert filled["evaluate"]["sglang"]["cuda_graph"] is True  # serving as deployed
+    for mode in (False, "both"):
+        cfg = load(ROOT / "config.yaml")
+        cfg["evaluate"]["sglang"]["cuda_graph"] = mode
+        assert check(cfg)["evaluate"]["sglang"]["cuda_graph"] == mode
 
 
 @pytest.mark.parametrize(
@@ -37,6 +42,7 @@ def test_embedded_default_is_valid_and_defaults_fill_in():
         (lambda c: c["extract"].update(shards=0), ["extract.shards", "minimum"]),
         (lambda c: c["capture"].update(aux_layer_ids=[1, 1]), ["capture.aux_layer_ids"]),
         (lambda c: c.pop("target"), ["target"]),
+        (lambda c: c["evaluate"]["sglang"].update(cuda_graph="yes"), ["cuda_graph", "'both'"]),
     ],
 )
 def test_bad_config_names_the_key_and_the_allowed_values(edit, expected):

@@ -261,6 +261,31 @@ def test_trim_keeps_whole_paragraphs_within_the_limit():
     assert chat_corpus.trim("short", 300) == "short"
 
 
+def test_signatures_do_not_depend_on_a_virtualenv(tmp_path):
+    """sysconfig's default scheme is "venv" inside a virtualenv: the text must not show it."""
+    probe = (
+        "import sys, sysconfig; from eyrie import chat_corpus; "
+        "print(sys.prefix != sys.base_prefix, "
+        "chat_corpus._signature(sysconfig.get_paths, 'sysconfig.get_paths'))"
+    )
+    venv = [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v")]
+    subprocess.run(venv, check=True)
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    shown = {}
+    outside = getattr(sys, "_base_executable", sys.executable)  # the base Python, even in a venv
+    for python in (outside, str(tmp_path / "v" / "bin" / "python")):
+        out = subprocess.run(
+            [python, "-c", probe], check=True, capture_output=True, text=True, env=env, cwd=tmp_path
+        ).stdout.split(" ", 1)
+        shown[out[0]] = out[1].strip()
+    assert set(shown) == {"True", "False"}, shown  # one run inside a venv, one outside
+    assert (
+        shown["True"]
+        == shown["False"]
+        == ("sysconfig.get_paths(scheme=get_default_scheme(), vars=None, expand=True)")
+    )
+
+
 def test_rebuild_reproduces_the_shipped_files(tmp_path):
     readme = (SHIPPED / "README.md").read_text()
     recorded = re.search(r"- Python: (\S+) \((\w+), (\w+)\)", readme)

@@ -24,23 +24,28 @@ from eyrie.export_check import (
 L, H, V, N = 8, 32, 96, 40
 
 
-def fake_drafter(folder: Path, aux_ids=(1, 3, 4), seed=0) -> dict:
-    """A drafter folder as eyrie train writes it (random weights, a real draft vocabulary)."""
+def fake_drafter(folder: Path, aux_ids=(1, 3, 4), seed=0, target: Path | None = None) -> dict:
+    """A drafter folder as eyrie train writes it (random weights, a real draft vocabulary), for
+    a fake target of L layers, hidden H and vocabulary V, or for the HF folder ``target``."""
+    layers, hidden, vocab = L, H, V
+    if target is not None:
+        t = json.loads((Path(target) / "config.json").read_text())
+        layers, hidden, vocab = t["num_hidden_layers"], t["hidden_size"], t["vocab_size"]
     cfg = DrafterConfig(
-        hidden_size=H,
+        hidden_size=hidden,
         intermediate_size=48,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
         num_aux=len(aux_ids),
-        vocab_size=V,
+        vocab_size=vocab,
         draft_vocab_size=N,
     )
     torch.manual_seed(seed)
     model = Drafter(cfg)
-    tokens = torch.sort(torch.randperm(V)[:N]).values
+    tokens = torch.sort(torch.randperm(vocab)[:N]).values
     model.set_vocab(
-        tokens - torch.arange(N), torch.zeros(V, dtype=torch.bool).index_fill(0, tokens, True)
+        tokens - torch.arange(N), torch.zeros(vocab, dtype=torch.bool).index_fill(0, tokens, True)
     )
     folder.mkdir(parents=True, exist_ok=True)
     save_file(
@@ -56,16 +61,35 @@ def fake_drafter(folder: Path, aux_ids=(1, 3, 4), seed=0) -> dict:
         "target": {
             "path": "models/x",
             "architectures": ["LlamaForCausalLM"],
-            "num_hidden_layers": L,
-            "hidden_size": H,
-            "vocab_size": V,
+            "num_hidden_layers": layers,
+            "hidden_size": hidden,
+            "vocab_size": vocab,
         },
         "draft_vocab": {"path": "v", "sha256": "0"},
         "train": {"steps": 1, "identity": "x", "settings": {}},
         "heldout": None,
     }
+    if target is None:  # a fake target: config.json, and the embedding and lm_head read
+        target = folder.parent / f"{folder.name}-target"
+        target.mkdir(exist_ok=True)
+        embed = torch.randn(V, H, generator=torch.Generator().manual_seed(seed + 1))
+        save_file(
+            {"model.embed_tokens.weight": embed, "lm_head.weight": embed.flip(0).contiguous()},
+            str(target / "model.safetensors"),
+        )
+        (target / "config.json").write_text(json.dumps(meta["target"]))
+    else:
+        embed = load_file(str(Path(target) / "model.safetensors"))["model.embed_tokens.weight"]
+    meta["target"]["path"] = str(target)
     (folder / "drafter.json").write_text(json.dumps(meta))
-    return {"dir": folder, "tokens": tokens, "state": model.state_dict(), "aux": list(aux_ids)}
+    return {
+        "dir": folder,
+        "tokens": tokens,
+        "state": model.state_dict(),
+        "aux": list(aux_ids),
+        "target": target,
+        "embed": embed,
+    }
 
 
 def expectation(engine, d, **kw) -> Expectation:
@@ -171,6 +195,55 @@ def test_export_writes_a_folder_the_checker_accepts(tmp_path, engine):
     # a rerun replaces the folder
     export(d["dir"], out, engine)
     assert sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".")) == []
+
+
+def test_vllm_export_ships_the_targets_embedding(tmp_path):
+    d = fake_drafter(tmp_path / "drafter")
+    for dtype in ("bfloat16", "float32"):
+        out = tmp_path / f"vllm-{dtype}"
+        export(d["dir"], out, "vllm", dtype=dtype)
+        w = load_file(str(out / "model.safetensors"))["embed_tokens.weight"]
+        assert w.dtype == getattr(torch, dtype) and torch.equal(w, d["embed"].to(w.dtype))
+    sglang = tmp_path / "sglang"
+    export(d["dir"], sglang, "sglang")  # SGLang takes the target's own embedding in its place
+    assert "embed_tokens.weight" not in load_file(str(sglang / "model.safetensors"))
+
+
+def test_targets_embedding_missing_or_other_is_refused(tmp_path):
+    d, out = good_folder(tmp_path, "vllm")
+    e = expectation("vllm", d, target_embedding=d["embed"])
+    assert check_export(out, e) == []
+    edit_weights(out, lambda w: w.__setitem__("embed_tokens.weight", torch.zeros(V, H).bfloat16()))
+    assert check_export(out, e) == [
+        "weight 'embed_tokens.weight' differs from the target's embedding"
+    ]
+    edit_weights(out, lambda w: w.pop("embed_tokens.weight"))
+    refused(out, d, "vllm", r"'embed_tokens.weight' is missing")
+    # a target other than the one trained on (another hidden size) is refused at export
+    narrow = torch.zeros(V, 16)
+    save_file({"model.embed_tokens.weight": narrow, "lm_head.weight": narrow.clone()},
+              str(d["target"] / "model.safetensors"))  # fmt: skip
+    config = json.loads((d["target"] / "config.json").read_text())
+    (d["target"] / "config.json").write_text(json.dumps({**config, "hidden_size": 16}))
+    with pytest.raises(ExportError, match=r"embedding of .* is \(96, 16\); .* \(96, 32\)"):
+        export(d["dir"], tmp_path / "other", "vllm")
+
+
+def test_exports_name_the_target_by_absolute_path_or_the_configured_name(tmp_path, monkeypatch):
+    d = fake_drafter(tmp_path / "drafter")
+    monkeypatch.chdir(tmp_path)
+    for engine in ("sglang", "vllm"):
+        export(d["dir"], tmp_path / engine, engine, target_dir=Path("drafter-target"))
+        record = json.loads((tmp_path / engine / "eyrie-export.json").read_text())
+        assert record["verifier"] == str(tmp_path.resolve() / "drafter-target")
+    cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    name = cfg["speculators_config"]["verifier"]["name_or_path"]
+    assert name == str(tmp_path.resolve() / "drafter-target") and Path(name).is_absolute()
+    export(d["dir"], tmp_path / "hub", "vllm", target_dir="drafter-target", verifier="org/Model-8B")
+    cfg = json.loads((tmp_path / "hub" / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "org/Model-8B"
+    record = json.loads((tmp_path / "hub" / "eyrie-export.json").read_text())
+    assert record["verifier"] == "org/Model-8B"
 
 
 # ---------------------------------------------------------------------------------------------

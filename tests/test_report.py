@@ -115,6 +115,26 @@ def test_sglang_measurement_wins_when_it_ran(files):
     assert first.startswith("speculation 2.10× plain decoding (SGLang EAGLE-3")
 
 
+def test_both_cuda_graph_modes_are_reported_each_by_name(files):
+    def mode(plain, spec, same):
+        return {"draft_tokens": 3, "prompts": 16, "identical": same, "accept_length": 2.5,
+                "plain_tokens_per_s": plain, "spec_tokens_per_s": spec,
+                "speedup": spec / plain}  # fmt: skip
+
+    modes = {"cuda_graph": mode(956.0, 410.0, 8), "eager": mode(157.0, 123.0, 9)}
+    online = {"status": "ok", **modes["cuda_graph"], "mode": "cuda_graph", "modes": modes}
+    inp, written = write(files, 0.9, online)
+    summary = written["summary"].read_text()
+    assert summary.splitlines()[0].startswith(
+        "**SPECULATION IS SLOWER THAN PLAIN DECODING: 0.43×** (SGLang EAGLE-3, 3 draft tokens, "
+        "CUDA graphs"
+    )
+    assert "SGLang online (CUDA graphs): plain 956.0 tok/s, EAGLE-3 410.0 tok/s" in summary
+    assert "identical outputs 8/16" in summary
+    assert "SGLang online (eager, --disable-cuda-graph): plain 157.0 tok/s" in summary
+    assert "identical outputs 9/16" in summary
+
+
 def test_missing_inputs_still_give_a_report(tmp_path):
     inp = read_inputs(tmp_path / "none.json", None, None, None, None)
     written = build_report(inp, tmp_path / "r")

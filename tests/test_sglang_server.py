@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -33,7 +35,13 @@ from eyrie.sglang_client import SglangError
 from eyrie.sglang_patch.bundle import build_bundle, load_manifest
 from eyrie.sglang_patch.hooks import hook_specs
 from eyrie.sglang_patch.standin import StandIn, serve
-from eyrie.sglang_server import ServerError, SglangServer, check_server_args, launch_command
+from eyrie.sglang_server import (
+    ServerError,
+    SglangServer,
+    check_server_args,
+    free_port,
+    launch_command,
+)
 from eyrie.verify.source import VerifyError, locate
 from eyrie.verify.stage import check_sglang
 
@@ -117,6 +125,52 @@ def test_launch_flags():
         with pytest.raises(ServerError, match=why):
             check_server_args(bad)
     check_server_args(["--pp-size", "1", "--mem-fraction-static", "0.8"])
+
+
+def test_free_port_is_one_sglang_accepts():
+    """Below 55535 (SGLang 0.5.12 puts gRPC on port + 10000), with both ports free here."""
+    for port in {free_port() for _ in range(300)}:
+        assert 1024 < port and port + 10000 <= 65535, port
+        for p in (port, port + 10000):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", p))
+
+
+def test_free_port_skips_a_port_whose_grpc_port_is_taken():
+    first = free_port(random.Random(7))
+    for taken in (first, first + 10000):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", taken))
+            sock.listen()
+            assert free_port(random.Random(7)) != first
+
+
+def ports_from(monkeypatch, *ports: int) -> list[int]:
+    """free_port hands out these ports first (as if others took each one after the check)."""
+    import eyrie.sglang_server as ss
+
+    real, given, queue = ss.free_port, [], list(ports)
+
+    def next_port(*args, **kw):
+        given.append(queue.pop(0) if queue else real(*args, **kw))
+        return given[-1]
+
+    monkeypatch.setattr(ss, "free_port", next_port)
+    return given
+
+
+def test_a_launch_that_keeps_clashing_names_its_ports(tmp_path, monkeypatch):
+    from eyrie.sglang_server import ready_server
+
+    given = ports_from(monkeypatch, 60001, 60002, 60003)  # SGLang refuses them all
+    command = [*STANDIN, "--model-path", str(tmp_path)]
+    with pytest.raises(
+        ServerError, match=r"port clash on each of 3 launches \(ports 60001, 60002, 60003"
+    ) as e:
+        with ready_server(lambda port: [*command, "--port", str(port)], tmp_path / "s.log", 60):
+            pass
+    assert "SGLANG_GRPC_PORT (70003) must be between 1 and 65535" in str(e.value)
+    assert given == [60001, 60002, 60003]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +258,11 @@ def test_launched_server_gives_the_transformers_store(world, monkeypatch):
     monkeypatch.setenv(
         "PYTHONPATH", f"{world['release'].root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     )
+    # the first port is taken after the check, the second one SGLang refuses: both retried
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", free_port()))
+    taken.listen()
+    given = ports_from(monkeypatch, taken.getsockname()[1], 60000)
     capture = sglang_capture(
         world,
         launcher=STANDIN,
@@ -216,6 +275,10 @@ def test_launched_server_gives_the_transformers_store(world, monkeypatch):
     assert_same_as_hf(world, "launched")
     log = (world["root"] / "logs" / "shard-000.sglang.log").read_text()
     assert "--disable-radix-cache" in log and "--forward-hooks" in log
+    taken.close()
+    assert len(given) == 3 and len(re.findall(r"^\$ ", log, re.M)) == 3, given  # one log
+    assert "Address already in use" in log and "SGLANG_GRPC_PORT (70000)" in log
+    assert f"--port {given[2]}" in log.split("$ ")[-1]
     report = compare(
         [world["root"] / "launched" / "shard-000.zarr"], [world["root"] / "hf" / "shard-000.zarr"]
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -282,6 +283,63 @@ def test_online_measures_both_servers_and_stops_them(tmp_path):
     while any(_alive(c) for c in children) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(_alive(c) for c in children), "a server's child outlived it"
+
+
+def test_online_measures_each_cuda_graph_mode_and_names_it(tmp_path):
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE)
+    prompts = [{"id": "a", "input_ids": [1, 2, 3]}]
+    common = dict(max_new_tokens=4, draft_tokens=2, launch_timeout=30,
+                  server_args=["--pid-file", str(tmp_path / "pids")],
+                  launcher=[sys.executable, str(script)])  # fmt: skip
+    rec = on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "both", cuda_graph="both",
+                        **common)  # fmt: skip
+    assert rec["mode"] == "cuda_graph" and list(rec["modes"]) == ["cuda_graph", "eager"]
+    for mode, eager in (("cuda_graph", False), ("eager", True)):
+        m = rec["modes"][mode]
+        assert m["mode"] == mode and ("--disable-cuda-graph" in m["server_args"]) is eager
+        for name in ("plain", "eagle3"):
+            log = (tmp_path / "both" / mode / f"sglang-{name}.log").read_text()
+            assert ("--disable-cuda-graph" in log) is eager, (mode, name)
+        assert m["runs"]["plain"]["rows"][0]["input_ids"] == [1, 2, 3]
+    assert "--disable-cuda-graph" not in on.DEFAULT_SERVER_ARGS
+    assert "--disable-piecewise-cuda-graph" in on.DEFAULT_SERVER_ARGS
+    eager = on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "e", cuda_graph=False,
+                          **common)  # fmt: skip
+    assert eager["mode"] == "eager" and list(eager["modes"]) == ["eager"]
+    assert "--disable-cuda-graph" in (tmp_path / "e" / "sglang-plain.log").read_text()
+    with pytest.raises(on.OnlineError, match="cuda_graph: false"):
+        on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x",
+                      **{**common, "server_args": ["--disable-cuda-graph"]})  # fmt: skip
+    with pytest.raises(on.OnlineError, match="cuda_graph is 'yes'"):
+        on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x", cuda_graph="yes",
+                      **common)  # fmt: skip
+
+
+def test_online_retries_a_port_taken_after_the_check(tmp_path, monkeypatch):
+    import eyrie.sglang_server as ss
+
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", ss.free_port()))
+    taken.listen()
+    real, given = ss.free_port, []
+
+    def next_port(*args, **kw):  # the first port handed out is taken by the time it is used
+        given.append(real(*args, **kw) if given else taken.getsockname()[1])
+        return given[-1]
+
+    monkeypatch.setattr(ss, "free_port", next_port)
+    monkeypatch.setattr(on, "free_port", next_port, raising=False)
+    rec = on.run_online(tmp_path, tmp_path, [{"id": "a", "input_ids": [1, 2]}], max_new_tokens=3,
+                        draft_tokens=2, log_dir=tmp_path / "logs", launch_timeout=30,
+                        server_args=["--pid-file", str(tmp_path / "pids")],
+                        launcher=[sys.executable, str(script)])  # fmt: skip
+    taken.close()
+    assert rec["status"] == "ok" and len(given) == 3  # plain: taken, then another; EAGLE-3: one
+    log = (tmp_path / "logs" / "sglang-plain.log").read_text()
+    assert "Address already in use" in log and f"--port {given[1]}" in log.split("$ ")[-1]
 
 
 def test_failing_server_reports_its_log(tmp_path):

@@ -17,7 +17,9 @@ forward_batch, residual) and output (hidden_states, residual), or with the final
 prompt (attention is causal, so a chunk's rows equal the whole prompt's rows at its positions).
 The layer output is split between the two tensors, so a hook that does not add them fails.
 
-Not simulated: decoding past the first token, sampling, tensor parallelism, CUDA graphs.
+Like SGLang 0.5.12 it refuses a port whose gRPC port (port + 10000) passes 65535, and a port in
+use stops it ("Address already in use"). Not simulated: decoding past the first token,
+sampling, tensor parallelism, CUDA graphs.
 """
 
 from __future__ import annotations
@@ -310,6 +312,8 @@ def main(argv=None) -> None:
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args, ignored = p.parse_known_args(argv)
+    if not 1 <= args.port + 10000 <= 65535:  # SGLang 0.5.12's check of its derived gRPC port
+        raise ValueError(f"SGLANG_GRPC_PORT ({args.port + 10000}) must be between 1 and 65535")
     torch.set_num_threads(args.threads)
     if ignored:
         print(f"stand-in: ignoring {' '.join(ignored)}", flush=True)

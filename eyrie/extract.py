@@ -38,6 +38,7 @@ from eyrie import atomic
 from eyrie.chat_tokens import SampleError, tokenize_chat
 from eyrie.config import config_hash
 from eyrie.store import ShardReader, ShardWriter, StoreError
+from eyrie.store_lock import StoreLock
 
 log = logging.getLogger("eyrie.extract")
 
@@ -223,8 +224,13 @@ def _batches(group: list[Good], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def _open_writer(path: Path, provenance: dict, **kwargs) -> ShardWriter:
-    """Resume a scratch store, or start it again when it was begun with another setup."""
+def _open_writer(path: Path, provenance: dict, *, lock: StoreLock, **kwargs) -> ShardWriter:
+    """Resume a scratch store, or start it again when it was begun with another setup.
+
+    `lock` must be held for `path`: a store another process writes is never looked at here.
+    """
+    if not (lock.held and lock.store == path):
+        raise ExtractError(f"{path}: opening a scratch store needs its lock held")
     if path.exists():
         try:
             old = ShardReader(path, require_complete=False).attrs.get("provenance")
@@ -235,7 +241,7 @@ def _open_writer(path: Path, provenance: dict, **kwargs) -> ShardWriter:
         if old != normal:
             log.warning("scratch store %s was begun with another setup; starting again", path)
             shutil.rmtree(path)
-    return ShardWriter(path, provenance=provenance, **kwargs)
+    return ShardWriter(path, provenance=provenance, lock=lock, **kwargs)
 
 
 def provenance_for(
@@ -377,66 +383,78 @@ def extract_shard(
         weights_cache=weights_cache,
     )
     hidden = int(target.model.config.get_text_config().hidden_size)
-    writer = _open_writer(
-        work_store,
-        provenance,
-        hidden_size=hidden,
-        aux_layer_ids=aux_ids,
-        chunk_tokens=int(extract.get("chunk_tokens", 256)),
-        shard_tokens=int(extract.get("shard_tokens", 16384)),
-    )
+    # Locked before the scratch store is looked at; held until the store is in place.
+    lock = StoreLock(work_store).acquire()
     try:
-        groups, bar = resume_plan(
-            writer,
+        writer = _open_writer(
             work_store,
-            work_errors,
-            good,
-            errors,
-            members,
-            commit_every,
-            desc=f"extract {split}/{shard:03d}",
-            progress=progress,
+            provenance,
+            lock=lock,
+            hidden_size=hidden,
+            aux_layer_ids=aux_ids,
+            chunk_tokens=int(extract.get("chunk_tokens", 256)),
+            shard_tokens=int(extract.get("shard_tokens", 16384)),
         )
-        t0, tokens, commits = time.monotonic(), 0, 0
-        seconds["setup"] = time.perf_counter() - start
-        with HFCapture(target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id) as cap:
-            for group in groups:
-                results: dict[int, tuple] = {}
-                tick = time.perf_counter()
-                for batch in _batches(group, batch_size):
-                    outs = cap.capture([group[i].input_ids for i in batch])
-                    results.update(zip(batch, outs, strict=True))
-                seconds["capture"] += time.perf_counter() - tick
-                tick = time.perf_counter()
-                for i, g in enumerate(group):
-                    aux, final = results[i]
-                    if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
-                        errors[g.line] = (g.sample_id, "non_finite", "the target gave NaN or Inf")
-                        continue
-                    errors.pop(g.line, None)
-                    writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
-                    tokens += len(g.input_ids)
-                writer.commit()
-                write_errors(work_errors, errors)
-                seconds["write"] += time.perf_counter() - tick
-                commits += 1
-                bar.update(len(group))
-                bar.set_postfix(tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
-                if stop_after_commits is not None and commits >= stop_after_commits:
-                    raise Interrupted(f"stopped after {commits} commits (as asked)")
-        bar.close()
-        writer.finish()
-        outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
+        try:
+            groups, bar = resume_plan(
+                writer,
+                work_store,
+                work_errors,
+                good,
+                errors,
+                members,
+                commit_every,
+                desc=f"extract {split}/{shard:03d}",
+                progress=progress,
+            )
+            t0, tokens, commits = time.monotonic(), 0, 0
+            seconds["setup"] = time.perf_counter() - start
+            with HFCapture(
+                target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id
+            ) as cap:
+                for group in groups:
+                    results: dict[int, tuple] = {}
+                    tick = time.perf_counter()
+                    for batch in _batches(group, batch_size):
+                        outs = cap.capture([group[i].input_ids for i in batch])
+                        results.update(zip(batch, outs, strict=True))
+                    seconds["capture"] += time.perf_counter() - tick
+                    tick = time.perf_counter()
+                    for i, g in enumerate(group):
+                        aux, final = results[i]
+                        if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
+                            errors[g.line] = (
+                                g.sample_id,
+                                "non_finite",
+                                "the target gave NaN or Inf",
+                            )
+                            continue
+                        errors.pop(g.line, None)
+                        writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
+                        tokens += len(g.input_ids)
+                    writer.commit()
+                    write_errors(work_errors, errors)
+                    seconds["write"] += time.perf_counter() - tick
+                    commits += 1
+                    bar.update(len(group))
+                    bar.set_postfix(tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
+                    if stop_after_commits is not None and commits >= stop_after_commits:
+                        raise Interrupted(f"stopped after {commits} commits (as asked)")
+            bar.close()
+            writer.finish()
+            outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
+        finally:
+            writer.close()
+        write_errors(work_errors, errors)
+        # The table is copied, not moved, until the store is in place: a job killed between the
+        # two steps is rerun by Snakemake, which resumes the finished scratch store and its table.
+        atomic.copy(work_errors, errors_csv)
+        if out_store.exists():
+            shutil.rmtree(out_store)
+        os.replace(work_store, out_store)
+        work_errors.unlink()
     finally:
-        writer.close()
-    write_errors(work_errors, errors)
-    # The table is copied, not moved, until the store is in place: a job killed between the
-    # two steps is rerun by Snakemake, which resumes the finished scratch store and its table.
-    atomic.copy(work_errors, errors_csv)
-    if out_store.exists():
-        shutil.rmtree(out_store)
-    os.replace(work_store, out_store)
-    work_errors.unlink()
+        lock.release()
     with contextlib.suppress(OSError):
         work_store.parent.rmdir()  # only when empty
     outcome.errors = _count(errors)

@@ -110,6 +110,14 @@ class RawStore:
 def open_raw(path: Path, problems: Problems) -> RawStore | None:
     import zarr
 
+    from eyrie.validate_advice import half_deleted
+
+    if not path.is_dir():
+        problems.add("unreadable", None, f"{path} does not exist; extract this shard")
+        return None
+    if why := half_deleted(path):
+        problems.add("unreadable", None, f"{why}; delete it and extract this shard again")
+        return None
     try:
         group = zarr.open_group(zarr.storage.LocalStore(str(path), read_only=True), mode="r")
         attrs = dict(group.attrs)
@@ -211,10 +219,17 @@ def iter_samples(raw: RawStore, p: Problems, block_tokens: int = 4096):
         except Exception:  # find which samples of the block are damaged
             parts = []
             for s in range(i, j):
-                try:
-                    parts.append((s, _read_rows(raw, int(off[s]), int(off[s + 1]))))
-                except Exception as exc:
-                    p.add("checksum", ids[s], f"{type(exc).__name__}: {exc}")
+                arrays, bad = {}, []
+                for name in ("input_ids", "loss_mask", "aux_hidden", "final_hidden"):
+                    try:
+                        arrays[name] = raw.arrays[name][int(off[s]) : int(off[s + 1])]
+                    except Exception as exc:
+                        text = str(exc) or type(exc).__name__
+                        bad.append(f"{name}: {text[:1].lower()}{text[1:]}")
+                if bad:
+                    p.add("checksum", ids[s], "; ".join(bad))
+                else:
+                    parts.append((s, arrays))
         for s, arrays in parts:
             yield s, ids[s], arrays
         i = j
@@ -368,6 +383,7 @@ def validate_shard(
         "split": split,
         "shard": f"{shard:03d}",
         "store": str(store),
+        "errors_csv": str(errors_csv),
         "samples": 0,
         "tokens": 0,
         "expected_samples": None,
@@ -564,8 +580,11 @@ def summarize(report_paths: list, csv_path, md_path, max_errors: int) -> tuple[b
         f"validate.max_errors is {max_errors}"
     )
     if not ok:
+        from eyrie.validate_advice import shard_advice
+
+        advice = [shard_advice(r) for r in reports if r.get("errors")]
         msg += (
-            ". The per-shard reports list each problem with its sample id; fix the cause and "
-            "rerun, or raise validate.max_errors if these losses are acceptable"
+            ". The per-shard reports list each problem with its sample id. What fixes it:\n"
+            + "".join(f"- {a}\n" for a in advice if a)
         )
     return ok, msg + "\n\n" + md

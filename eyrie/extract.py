@@ -449,9 +449,7 @@ def extract_shard(
         # The table is copied, not moved, until the store is in place: a job killed between the
         # two steps is rerun by Snakemake, which resumes the finished scratch store and its table.
         atomic.copy(work_errors, errors_csv)
-        if out_store.exists():
-            shutil.rmtree(out_store)
-        os.replace(work_store, out_store)
+        atomic.replace_folder(work_store, out_store)
         work_errors.unlink()
     finally:
         lock.release()

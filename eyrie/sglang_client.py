@@ -634,9 +634,7 @@ def extract_shard_sglang(
             writer.close()
         ex.write_errors(work_errors, errors)
         atomic.copy(work_errors, errors_csv)
-        if out_store.exists():
-            shutil.rmtree(out_store)
-        os.replace(work_store, out_store)
+        atomic.replace_folder(work_store, out_store)
         work_errors.unlink()
     finally:
         lock.release()

@@ -27,6 +27,13 @@ def dataset_source(wildcards):
     return config["dataset"][wildcards.split]
 
 
+def error_tables(split):
+    """The errors tables of a split's shards. Rules that read stores list them as inputs too:
+    Snakemake deletes a table before its store (rules/extract.smk), so a store half deleted by
+    a killed run has no table, and the first job that needs the store extracts it again."""
+    return expand(f"{R}/store/{split}/shard-{{shard}}.errors.csv", shard=SHARDS)
+
+
 def final_outputs():
     outputs = [f"{R}/verify/report.json", f"{R}/validate/summary.csv"]
     outputs += [f"{R}/train/metrics.csv", f"{R}/train/heldout.json"]
@@ -34,3 +41,24 @@ def final_outputs():
     outputs += expand(f"{R}/export/{{engine}}.check.json", engine=config["export"]["engines"])
     outputs += [f"{R}/report/summary.md"]
     return outputs
+
+
+def warn_half_deleted_stores():
+    """A store left half deleted (see rules/extract.smk): say so, and how to redo it now."""
+    for split in SPLITS:
+        for shard in SHARDS:
+            store = f"{R}/store/{split}/shard-{shard}.zarr"
+            table = f"{R}/store/{split}/shard-{shard}.errors.csv"
+            parts = (table, f"{store}/commit.json", f"{store}/zarr.json")
+            gone = [p for p in parts if not os.path.isfile(p)]
+            if os.path.isdir(store) and gone:
+                print(
+                    f"Eyrie: shard store {store} is half deleted ({', '.join(gone)} missing; a "
+                    "run killed while Snakemake removed it leaves this). The next job that "
+                    "needs it extracts it again; to redo it now run: snakemake --cores 1 "
+                    f"--forcerun {store} -- {store}",
+                    file=sys.stderr,
+                )
+
+
+warn_half_deleted_stores()

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from eyrie import atomic
 from eyrie.chat_tokens import SampleError, tokenize_chat
 from eyrie.config import config_hash
+from eyrie.disk_full import for_extract, is_disk_full
 from eyrie.store import ShardReader, ShardWriter, StoreError
 from eyrie.store_lock import StoreLock
 
@@ -385,6 +386,7 @@ def extract_shard(
     hidden = int(target.model.config.get_text_config().hidden_size)
     # Locked before the scratch store is looked at; held until the store is in place.
     lock = StoreLock(work_store).acquire()
+    writer = None
     try:
         writer = _open_writer(
             work_store,
@@ -451,6 +453,12 @@ def extract_shard(
         atomic.copy(work_errors, errors_csv)
         atomic.replace_folder(work_store, out_store)
         work_errors.unlink()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise ExtractError(
+            for_extract(work_store, out_store, writer, good, aux_ids, hidden)
+        ) from exc
     finally:
         lock.release()
     with contextlib.suppress(OSError):

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from eyrie import atomic
+from eyrie.disk_full import for_extract, is_disk_full
 from eyrie.extract import ExtractError
 from eyrie.sglang_patch import dump as proto
 from eyrie.store_lock import StoreLock
@@ -557,6 +558,7 @@ def extract_shard_sglang(
     hidden = _hidden_size(read_config(target_path))
     # Locked before the scratch store is looked at; held until the store is in place.
     lock = StoreLock(work_store).acquire()
+    writer = None
     try:
         writer = ex._open_writer(
             work_store,
@@ -636,6 +638,12 @@ def extract_shard_sglang(
         atomic.copy(work_errors, errors_csv)
         atomic.replace_folder(work_store, out_store)
         work_errors.unlink()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise ExtractError(
+            for_extract(work_store, out_store, writer, good, aux_ids, hidden)
+        ) from exc
     finally:
         lock.release()
     with contextlib.suppress(OSError):

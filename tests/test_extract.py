@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -328,3 +329,47 @@ def test_cuda_without_gpu_is_a_clear_error():
 
     with pytest.raises(TargetError, match="capture.device is 'cuda'"):
         resolve_device("cuda")
+
+
+def test_disk_full_names_store_space_and_resumes_bit_exact(
+    setup, uninterrupted, tmp_path, monkeypatch
+):
+    """ENOSPC from zarr's own chunk writes in the third commit: a clear ExtractError (store,
+    space needed and free, rerun resumes), and the rerun gives the single-run store exactly."""
+    import errno
+
+    import zarr.storage
+
+    from eyrie.extract import ExtractError
+
+    real_set, calls = zarr.storage.LocalStore.set, {"commit": 0}
+    import eyrie.store as store_mod
+
+    real_commit = store_mod.ShardWriter.commit
+
+    def commit(self):
+        calls["commit"] += 1
+        return real_commit(self)
+
+    async def full_set(self, key, value, *args, **kwargs):
+        if calls["commit"] >= 3 and "aux_hidden/c" in key:
+            raise OSError(errno.ENOSPC, "No space left on device", key)
+        return await real_set(self, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(store_mod.ShardWriter, "commit", commit)
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", full_set)
+    out = tmp_path / "out"
+    with pytest.raises(ExtractError) as err:
+        run(setup, out)
+    msg = str(err.value)
+    work = work_paths(out / "shard-000.zarr", out / "x")[0]
+    assert f"the disk is full while writing shard store {work}" in msg
+    assert re.search(r"needs about [\d.]+ [KMG]?B more for the \d+ tokens left", msg), msg
+    assert re.search(r"[\d.]+ [KMGT]?B is free on its file system", msg), msg
+    assert "rerun the same command: it resumes from the last commit" in msg
+    assert "Traceback" not in msg and not (out / "shard-000.zarr").exists()
+    monkeypatch.undo()
+    run(setup, out)
+    full, _ = uninterrupted
+    assert_same_store(out / "shard-000.zarr", full / "shard-000.zarr")
+    assert errors_rows(out / "shard-000.errors.csv") == errors_rows(full / "shard-000.errors.csv")

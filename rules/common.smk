@@ -18,6 +18,30 @@ def target_dir():
     return config["target"]["path"]
 
 
+def check_target_folder():
+    """Stop at parse time when target.path names no model folder (else Snakemake would report a
+    MissingInputException for its config.json)."""
+    path = config["target"]["path"]
+    if path == TOY_DEEPSEEK or os.path.isfile(os.path.join(path, "config.json")):
+        return
+    if not os.path.exists(path):
+        what = "does not exist"
+    elif not os.path.isdir(path):
+        what = "is not a folder"
+    else:
+        what = "has no config.json"
+    print(
+        f"eyrie: target.path is {path!r}, but the folder {os.path.abspath(path)} {what}. Set "
+        "target.path to a Hugging Face model folder (config.json, the weights and the "
+        f"tokenizer), or to {TOY_DEEPSEEK!r} for the toy the workflow builds.",
+        file=sys.stderr,
+    )
+    raise SystemExit(1)
+
+
+check_target_folder()
+
+
 def target_config():
     """config.json of the target: a file the workflow tracks, so a changed target reruns."""
     return f"{target_dir()}/config.json"

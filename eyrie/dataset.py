@@ -270,8 +270,17 @@ def write_problems(problems: list[Problem], path: str | Path) -> None:
     write_text(path, problems_frame(problems).to_csv(index=False))
 
 
-def write_messages(convs: list[Conversation], path: str | Path) -> None:
-    lines = (json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) for c in convs)
+def write_messages(convs: list[Conversation], path: str | Path, source=None) -> None:
+    """Messages JSONL; with `source` (the file read), each line also names its line there as
+    "source": "FILE:LINE", which later stages quote instead of this file's line numbers."""
+
+    def row(c: Conversation) -> dict:
+        out = {"id": c.id, "messages": c.messages}
+        if source is not None:
+            out["source"] = f"{source}:{c.line}"
+        return out
+
+    lines = (json.dumps(row(c), ensure_ascii=False) for c in convs)
     write_text(path, "".join(f"{line}\n" for line in lines))
 
 
@@ -291,7 +300,7 @@ def prepare(
     key = f"dataset.{split}" if split else "dataset.train / dataset.heldout"
     convs, problems = read_chat(src, fmt=fmt, on_bad=on_bad, key=key)
     kept = convs if max_samples is None else convs[:max_samples]
-    write_messages(kept, dst_jsonl)
+    write_messages(kept, dst_jsonl, source=src)
     write_problems(problems, problems_csv)
     bad = [p for p in problems if p.is_bad]
     counts = {

@@ -11,9 +11,11 @@ would be lost on every rerun; the scratch store survives a kill and the rerun re
 Resume is bit-exact: the samples that tokenize cleanly are cut into fixed commit groups, and each
 group is captured in the same batches (by length, within the group) whether or not the job was
 interrupted before it. A group is committed as a whole, then the errors table is rewritten.
-Samples that cannot be extracted are listed in the errors table (sample_id, line, reason,
-detail), never dropped silently; the table is keyed by the line of the split file, so a resumed
-run never lists one twice, and a repeated id is listed as such instead of overwriting the first.
+Samples that cannot be extracted are listed in the errors table (sample_id, line, source,
+reason, detail), never dropped silently; the table is keyed by the line of the split file, so a
+resumed run never lists one twice, and a repeated id is listed as such instead of overwriting the
+first. `source` is the sample's FILE:LINE in the user's dataset, as prepare_dataset recorded it.
+Samples cut at dataset.max_tokens are stored (cut) and counted in the log and the outcome.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from eyrie.store_lock import StoreLock
 
 log = logging.getLogger("eyrie.extract")
 
-ERROR_COLUMNS = ("sample_id", "line", "reason", "detail")
+ERROR_COLUMNS = ("sample_id", "line", "source", "reason", "detail")
 WORK_DIR = ".work"
 
 
@@ -61,6 +63,7 @@ class Record:
     sample_id: str
     messages: list | None
     error: tuple[str, str] | None = None  # (reason, detail) when the line is unusable
+    source: str = ""  # "FILE:LINE" of the user's file (prepare_dataset), else of the split file
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Good:
     sample_id: str
     input_ids: np.ndarray
     loss_mask: np.ndarray
+    full_length: int = 0  # tokens before the cut at dataset.max_tokens
 
 
 @dataclass
@@ -78,6 +82,8 @@ class Outcome:
     samples: int = 0
     tokens: int = 0
     errors: dict = field(default_factory=dict)
+    truncated: int = 0  # samples cut at dataset.max_tokens (stored cut)
+    tokens_cut: int = 0  # the tokens those cuts dropped
     seconds: dict = field(default_factory=dict)  # setup, capture, write, total (this run)
 
 
@@ -99,15 +105,18 @@ def read_split(path: str | Path) -> list[Record]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                records.append(Record(n + 1, f"line:{n + 1}", None, ("bad_line", str(exc))))
+                bad = ("bad_line", str(exc))
+                records.append(Record(n + 1, f"line:{n + 1}", None, bad, where))
                 continue
             sid, msgs = obj.get("id") if isinstance(obj, dict) else None, None
             if isinstance(obj, dict):
                 msgs = obj.get("messages")
+                src = obj.get("source")
+                where = src if isinstance(src, str) and src else where
             if not isinstance(sid, str) or not sid:
-                records.append(Record(n + 1, f"line:{n + 1}", None, ("bad_line", "no id")))
+                records.append(Record(n + 1, f"line:{n + 1}", None, ("bad_line", "no id"), where))
                 continue
-            rec = Record(n + 1, sid, msgs)
+            rec = Record(n + 1, sid, msgs, source=where)
             if sid in seen:
                 rec.error = ("duplicate_id", f"{where} repeats the id of line {seen[sid]}")
             elif not isinstance(msgs, list) or not msgs:
@@ -164,8 +173,13 @@ def read_errors(path: str | Path) -> dict[int, tuple[str, str, str]]:
     return {int(r["line"]): (r["sample_id"], r["reason"], r["detail"]) for r in rows}
 
 
-def write_errors(path: str | Path, errors: dict[int, tuple[str, str, str]]) -> None:
-    """Rewrite the whole table (in line order) under a temp name, then rename it into place."""
+def write_errors(
+    path: str | Path, errors: dict[int, tuple[str, str, str]], sources: dict | None = None
+) -> None:
+    """Rewrite the whole table (in line order) under a temp name, then rename it into place.
+
+    `sources` maps a split-file line to its "FILE:LINE" in the user's file (column source)."""
+    sources = sources or {}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -175,7 +189,7 @@ def write_errors(path: str | Path, errors: dict[int, tuple[str, str, str]]) -> N
             w.writerow(ERROR_COLUMNS)
             for line in sorted(errors):
                 sid, reason, detail = errors[line]
-                w.writerow((sid, line, reason, detail))
+                w.writerow((sid, line, sources.get(line, ""), reason, detail))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -198,7 +212,7 @@ def _tokenize(tokenizer, members: list[Record], max_tokens: int):
         except SampleError as exc:
             errors[rec.line] = (rec.sample_id, exc.reason, exc.detail)
             continue
-        good.append(Good(rec.line, rec.sample_id, t.input_ids, t.loss_mask))
+        good.append(Good(rec.line, rec.sample_id, t.input_ids, t.loss_mask, t.full_length))
     return good, errors
 
 
@@ -364,6 +378,7 @@ def extract_shard(
             target_path, device=capture.get("device", "auto"), architecture=architecture
         )
     good, errors = _tokenize(target.tokenizer, members, max_tokens)
+    sources = {r.line: r.source for r in members}
     settings = {
         "capture": {**capture, "aux_layer_ids": aux_ids},
         "extract": dict(extract),
@@ -435,7 +450,7 @@ def extract_shard(
                         writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
                         tokens += len(g.input_ids)
                     writer.commit()
-                    write_errors(work_errors, errors)
+                    write_errors(work_errors, errors, sources)
                     seconds["write"] += time.perf_counter() - tick
                     commits += 1
                     bar.update(len(group))
@@ -447,7 +462,7 @@ def extract_shard(
             outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
         finally:
             writer.close()
-        write_errors(work_errors, errors)
+        write_errors(work_errors, errors, sources)
         # The table is copied, not moved, until the store is in place: a job killed between the
         # two steps is rerun by Snakemake, which resumes the finished scratch store and its table.
         atomic.copy(work_errors, errors_csv)
@@ -464,6 +479,7 @@ def extract_shard(
     with contextlib.suppress(OSError):
         work_store.parent.rmdir()  # only when empty
     outcome.errors = _count(errors)
+    count_cuts(outcome, good, errors, max_tokens)
     seconds["total"] = time.perf_counter() - start
     outcome.seconds = seconds
     log.info(
@@ -475,6 +491,23 @@ def extract_shard(
         outcome.errors,
     )
     return outcome
+
+
+def count_cuts(outcome: Outcome, good: list[Good], errors: dict, max_tokens: int) -> None:
+    """Count (and log) the stored samples that were cut at dataset.max_tokens."""
+    cut = [g for g in good if g.full_length > len(g.input_ids) and g.line not in errors]
+    outcome.truncated = len(cut)
+    outcome.tokens_cut = sum(g.full_length - len(g.input_ids) for g in cut)
+    if cut:
+        log.warning(
+            "%s: %d samples were cut at dataset.max_tokens (%d), dropping %d tokens (the "
+            "longest had %d); raise dataset.max_tokens to keep them whole",
+            outcome.store,
+            len(cut),
+            max_tokens,
+            outcome.tokens_cut,
+            max(g.full_length for g in cut),
+        )
 
 
 def _count(errors: dict) -> dict[str, int]:

@@ -529,6 +529,7 @@ def extract_shard_sglang(
         )
     tokenizer = target.tokenizer if target is not None else load_tokenizer(target_path)
     good, errors = ex._tokenize(tokenizer, members, max_tokens)
+    sources = {r.line: r.source for r in members}
     settings = {
         "capture": {**capture, "aux_layer_ids": aux_ids},
         "extract": dict(extract),
@@ -618,7 +619,7 @@ def extract_shard_sglang(
                                 writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
                                 tokens += len(g.input_ids)
                             writer.commit()
-                            ex.write_errors(work_errors, errors)
+                            ex.write_errors(work_errors, errors, sources)
                             seconds["write"] += time.perf_counter() - tick
                             commits += 1
                             bar.update(len(group))
@@ -634,7 +635,7 @@ def extract_shard_sglang(
             outcome = ex.Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
         finally:
             writer.close()
-        ex.write_errors(work_errors, errors)
+        ex.write_errors(work_errors, errors, sources)
         atomic.copy(work_errors, errors_csv)
         atomic.replace_folder(work_store, out_store)
         work_errors.unlink()
@@ -649,6 +650,7 @@ def extract_shard_sglang(
     with contextlib.suppress(OSError):
         work_store.parent.rmdir()
     outcome.errors = ex._count(errors)
+    ex.count_cuts(outcome, good, errors, max_tokens)
     seconds["total"] = time.perf_counter() - start
     outcome.seconds = seconds
     if stats is not None:

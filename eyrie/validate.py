@@ -85,10 +85,13 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def reference_ids(tokenizer, messages: list[dict], max_tokens: int) -> list[int]:
-    """The input ids as transformers' own chat tokenization gives them, cut to max_tokens."""
+def reference_ids(tokenizer, messages: list[dict], max_tokens: int, full=None) -> list[int]:
+    """The input ids as transformers' own chat tokenization gives them, cut to max_tokens
+    (`full`, a list, gets the length before the cut)."""
     out = tokenizer.apply_chat_template(messages, tokenize=True)
     ids = out["input_ids"] if hasattr(out, "keys") else out
+    if full is not None:
+        full.append(len(ids))
     return [int(i) for i in ids[:max_tokens]]
 
 
@@ -388,6 +391,7 @@ def validate_shard(
         "tokens": 0,
         "expected_samples": None,
         "expected_tokens": 0,
+        "truncated": 0,  # stored samples cut at dataset.max_tokens (counted, not an error)
     }
     sliceable = False
     if raw is not None:
@@ -429,8 +433,10 @@ def validate_shard(
             ref = None
             if rec is not None and rec.messages:
                 try:
-                    ref = reference_ids(tokenizer, rec.messages, max_tokens)
+                    full: list[int] = []
+                    ref = reference_ids(tokenizer, rec.messages, max_tokens, full)
                     report["expected_tokens"] += len(ref)
+                    report["truncated"] += full[0] > max_tokens
                 except Exception as exc:
                     p.add("input_ids", sid, f"re-tokenization failed: {exc}")
             check_values(sid, arr, ref, p)
@@ -505,6 +511,7 @@ def summary_table(reports: list[dict]) -> pd.DataFrame:
                 "shard": r["shard"],
                 "samples": r.get("samples", 0),
                 "tokens": r.get("tokens", 0),
+                "truncated": r.get("truncated", 0),
                 "bytes_stored": r.get("bytes_stored", 0),
                 "bytes_per_token": r.get("bytes_per_token"),
                 "compression_ratio": r.get("compression_ratio"),
@@ -520,7 +527,7 @@ def summary_table(reports: list[dict]) -> pd.DataFrame:
     base = [c for c in df.columns if not c.startswith("err:")]
     df = df[base + err_cols]
     total = {"split": "all", "shard": "all"}
-    for c in ("samples", "tokens", "bytes_stored", "errors", *err_cols):
+    for c in ("samples", "tokens", "truncated", "bytes_stored", "errors", *err_cols):
         total[c] = int(df[c].sum())
     total["bytes_per_token"] = total["bytes_stored"] / total["tokens"] if total["tokens"] else None
     ratios = df["compression_ratio"].dropna()
@@ -562,6 +569,7 @@ def summarize(report_paths: list, csv_path, md_path, max_errors: int) -> tuple[b
     total = int(df.iloc[-1]["errors"])
     kinds = {c[4:]: int(df.iloc[-1][c]) for c in df.columns if c.startswith("err:")}
     md = "# Hidden-state validation\n\n" + markdown(df)
+    md += "\n`truncated`: samples stored cut at dataset.max_tokens (counted, not errors).\n"
     if kinds:
         md += "\nError kinds:\n\n" + "".join(
             f"- `{k}` ({n}): {KINDS.get(k, 'listed by the extraction: ' + k.split(':', 1)[-1])}\n"

@@ -194,7 +194,8 @@ def test_prepare_writes_normalized_messages_and_problems(tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["good", "last", "a"]  # first 3 good, file order
     assert rows[2]["messages"] == EXPECTED[0]  # ShareGPT normalized to messages
-    assert all(set(r) == {"id", "messages"} for r in rows)
+    assert all(set(r) == {"id", "messages", "source"} for r in rows)
+    assert [r["source"].rsplit(":", 1)[1] for r in rows][:2] == ["1", str(len(expected) + 2)]
     table = pd.read_csv(csv)
     assert list(table.columns) == ["path", "line", "kind", "reason", "sample_id"]
     assert dict(zip(table["line"], table["kind"], strict=True)) == expected

@@ -300,13 +300,13 @@ class ShardWriter:
         self.path = Path(path)
         self._closed = False
         self._check_params(hidden_size, aux_layer_ids, provenance, chunk_tokens, shard_tokens)
+        self.hidden_size = int(hidden_size)
+        self.aux_layer_ids = [int(i) for i in aux_layer_ids]
+        self.provenance = _json_normal(provenance, "provenance", self.path)
         if lock is not None and not (lock.held and lock.store == self.path):
             raise StoreError(f"{self.path}: the lock given is not held for this store")
         self._own_lock = lock is None
         self._store_lock = lock if lock is not None else StoreLock(self.path).acquire()
-        self.hidden_size = int(hidden_size)
-        self.aux_layer_ids = [int(i) for i in aux_layer_ids]
-        self.provenance = _json_normal(provenance, "provenance", self.path)
         self._buffer: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._buffered_ids: set[str] = set()
         self._buffered_tokens = 0

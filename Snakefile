@@ -3,12 +3,17 @@
 
 from snakemake.utils import min_version, validate
 
+from eyrie.config_cli import check_config
+
 min_version("9.0")
 
 
 configfile: "config.yaml"
 
 
+# Eyrie's own check first: every bad key at once, with the allowed keys or values, and nothing
+# else (Snakemake's validate() would print the whole schema); then validate() fills defaults.
+check_config(config)
 validate(config, "eyrie/schemas/config.schema.yaml")
 
 

@@ -43,3 +43,20 @@ def copy(src: str | Path, dst: str | Path) -> None:
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def replace_folder(src: str | Path, dst: str | Path) -> None:
+    """Replace folder `dst` by folder `src` (same file system), never leaving half of either.
+
+    An old `dst` is renamed aside first and deleted after, so `dst` is always the old folder,
+    nothing, or the new one; a kill mid-deletion leaves only a hidden `.old-` folder, which the
+    next replacement of `dst` removes.
+    """
+    src, dst = Path(src), Path(dst)
+    for p in dst.parent.glob(f".{dst.name}.old-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    old = dst.with_name(f".{dst.name}.old-{uuid.uuid4().hex}")
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)

@@ -8,7 +8,7 @@ import sys
 
 import yaml
 
-from eyrie.config import ConfigError, load, schema
+from eyrie.config import ConfigError, check, load, schema
 
 
 def add_arguments(parser) -> None:
@@ -43,6 +43,16 @@ def reference() -> str:
             + " |"
         )
     return "\n".join(lines)
+
+
+def check_config(config: dict) -> None:
+    """For the Snakefile: stop with what `eyrie config FILE` prints (every bad key, with the
+    allowed keys or values) when the merged config is bad."""
+    try:
+        check(config)
+    except ConfigError as exc:
+        print(f"eyrie: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def run(args) -> int:

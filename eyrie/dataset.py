@@ -4,11 +4,11 @@ Bad input is never dropped silently: each line that cannot become a conversation
 with its line number, a short `kind` and a reason that says how to fix it. Under the `skip`
 policy problems are counted and returned; under `fail` the first one raises `DatasetError`.
 
-Problem kinds: not_utf8, malformed_json, not_an_object, bad_id, no_messages, unknown_role,
-bad_content, no_assistant_turn, duplicate_id. A blank line holds no sample, so it is reported as
-kind `blank_line`, a notice: it is listed and counted, but is never "bad" and never fails a run
-(a file that ends with an extra newline is not an error; a file that is mostly blank lines still
-shows up in the counts).
+Problem kinds: not_utf8, malformed_json, lone_surrogate, not_an_object, bad_id, no_messages,
+unknown_role, bad_content, no_assistant_turn, duplicate_id. A blank line holds no sample, so it
+is reported as kind `blank_line`, a notice: it is listed and counted, but is never "bad" and
+never fails a run (a file that ends with an extra newline is not an error; a file that is mostly
+blank lines still shows up in the counts).
 """
 
 from __future__ import annotations
@@ -135,6 +135,26 @@ def _normalize_turn(turn, i: int, form: str) -> dict:
     return {"role": role, "content": content}
 
 
+def _check_unicode(sid: str, messages: list[dict], form_key: str) -> None:
+    """A lone surrogate escape (e.g. "\\ud83d" without its pair) is valid JSON but no text:
+    it cannot be written as UTF-8 or tokenized, so the line is bad."""
+    texts = [("the id", sid)]
+    texts += [
+        (f'turn {i} ({m["role"]}) "{form_key}"', m["content"]) for i, m in enumerate(messages)
+    ]
+    for where, text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            char = f"\\u{ord(text[exc.start]):04x}"
+            raise _Bad(
+                "lone_surrogate",
+                f"{where} has a lone surrogate escape {char} at character {exc.start + 1} (half "
+                "of a UTF-16 pair, not a character); write the whole pair or the character "
+                "itself, or remove the escape",
+            ) from None
+
+
 def _parse_line(raw: bytes, fmt: str, stem: str, lineno: int) -> tuple[str, list[dict]]:
     """(id, normalized messages) of one JSONL line; raises _Bad with the problem."""
     try:
@@ -157,8 +177,9 @@ def _parse_line(raw: bytes, fmt: str, stem: str, lineno: int) -> tuple[str, list
         messages = [_normalize_turn(t, i, form) for i, t in enumerate(turns)]
         if not any(m["role"] == "assistant" for m in messages):
             raise _Bad("no_assistant_turn", "no assistant turn, so there is nothing to learn from")
+        _check_unicode(sid, messages, "content" if form == "messages" else "value")
     except _Bad as bad:
-        bad.sample_id = sid
+        bad.sample_id = sid.encode("utf-8", "backslashreplace").decode("utf-8")  # printable
         raise
     return sid, messages
 
@@ -249,8 +270,17 @@ def write_problems(problems: list[Problem], path: str | Path) -> None:
     write_text(path, problems_frame(problems).to_csv(index=False))
 
 
-def write_messages(convs: list[Conversation], path: str | Path) -> None:
-    lines = (json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) for c in convs)
+def write_messages(convs: list[Conversation], path: str | Path, source=None) -> None:
+    """Messages JSONL; with `source` (the file read), each line also names its line there as
+    "source": "FILE:LINE", which later stages quote instead of this file's line numbers."""
+
+    def row(c: Conversation) -> dict:
+        out = {"id": c.id, "messages": c.messages}
+        if source is not None:
+            out["source"] = f"{source}:{c.line}"
+        return out
+
+    lines = (json.dumps(row(c), ensure_ascii=False) for c in convs)
     write_text(path, "".join(f"{line}\n" for line in lines))
 
 
@@ -270,7 +300,7 @@ def prepare(
     key = f"dataset.{split}" if split else "dataset.train / dataset.heldout"
     convs, problems = read_chat(src, fmt=fmt, on_bad=on_bad, key=key)
     kept = convs if max_samples is None else convs[:max_samples]
-    write_messages(kept, dst_jsonl)
+    write_messages(kept, dst_jsonl, source=src)
     write_problems(problems, problems_csv)
     bad = [p for p in problems if p.is_bad]
     counts = {

@@ -11,9 +11,11 @@ would be lost on every rerun; the scratch store survives a kill and the rerun re
 Resume is bit-exact: the samples that tokenize cleanly are cut into fixed commit groups, and each
 group is captured in the same batches (by length, within the group) whether or not the job was
 interrupted before it. A group is committed as a whole, then the errors table is rewritten.
-Samples that cannot be extracted are listed in the errors table (sample_id, line, reason,
-detail), never dropped silently; the table is keyed by the line of the split file, so a resumed
-run never lists one twice, and a repeated id is listed as such instead of overwriting the first.
+Samples that cannot be extracted are listed in the errors table (sample_id, line, source,
+reason, detail), never dropped silently; the table is keyed by the line of the split file, so a
+resumed run never lists one twice, and a repeated id is listed as such instead of overwriting the
+first. `source` is the sample's FILE:LINE in the user's dataset, as prepare_dataset recorded it.
+Samples cut at dataset.max_tokens are stored (cut) and counted in the log and the outcome.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ from tqdm import tqdm
 from eyrie import atomic
 from eyrie.chat_tokens import SampleError, tokenize_chat
 from eyrie.config import config_hash
+from eyrie.disk_full import for_extract, is_disk_full
 from eyrie.store import ShardReader, ShardWriter, StoreError
+from eyrie.store_lock import StoreLock
 
 log = logging.getLogger("eyrie.extract")
 
-ERROR_COLUMNS = ("sample_id", "line", "reason", "detail")
+ERROR_COLUMNS = ("sample_id", "line", "source", "reason", "detail")
 WORK_DIR = ".work"
 
 
@@ -59,6 +63,7 @@ class Record:
     sample_id: str
     messages: list | None
     error: tuple[str, str] | None = None  # (reason, detail) when the line is unusable
+    source: str = ""  # "FILE:LINE" of the user's file (prepare_dataset), else of the split file
 
 
 @dataclass
@@ -67,6 +72,7 @@ class Good:
     sample_id: str
     input_ids: np.ndarray
     loss_mask: np.ndarray
+    full_length: int = 0  # tokens before the cut at dataset.max_tokens
 
 
 @dataclass
@@ -76,6 +82,8 @@ class Outcome:
     samples: int = 0
     tokens: int = 0
     errors: dict = field(default_factory=dict)
+    truncated: int = 0  # samples cut at dataset.max_tokens (stored cut)
+    tokens_cut: int = 0  # the tokens those cuts dropped
     seconds: dict = field(default_factory=dict)  # setup, capture, write, total (this run)
 
 
@@ -97,15 +105,18 @@ def read_split(path: str | Path) -> list[Record]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                records.append(Record(n + 1, f"line:{n + 1}", None, ("bad_line", str(exc))))
+                bad = ("bad_line", str(exc))
+                records.append(Record(n + 1, f"line:{n + 1}", None, bad, where))
                 continue
             sid, msgs = obj.get("id") if isinstance(obj, dict) else None, None
             if isinstance(obj, dict):
                 msgs = obj.get("messages")
+                src = obj.get("source")
+                where = src if isinstance(src, str) and src else where
             if not isinstance(sid, str) or not sid:
-                records.append(Record(n + 1, f"line:{n + 1}", None, ("bad_line", "no id")))
+                records.append(Record(n + 1, f"line:{n + 1}", None, ("bad_line", "no id"), where))
                 continue
-            rec = Record(n + 1, sid, msgs)
+            rec = Record(n + 1, sid, msgs, source=where)
             if sid in seen:
                 rec.error = ("duplicate_id", f"{where} repeats the id of line {seen[sid]}")
             elif not isinstance(msgs, list) or not msgs:
@@ -162,8 +173,13 @@ def read_errors(path: str | Path) -> dict[int, tuple[str, str, str]]:
     return {int(r["line"]): (r["sample_id"], r["reason"], r["detail"]) for r in rows}
 
 
-def write_errors(path: str | Path, errors: dict[int, tuple[str, str, str]]) -> None:
-    """Rewrite the whole table (in line order) under a temp name, then rename it into place."""
+def write_errors(
+    path: str | Path, errors: dict[int, tuple[str, str, str]], sources: dict | None = None
+) -> None:
+    """Rewrite the whole table (in line order) under a temp name, then rename it into place.
+
+    `sources` maps a split-file line to its "FILE:LINE" in the user's file (column source)."""
+    sources = sources or {}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -173,7 +189,7 @@ def write_errors(path: str | Path, errors: dict[int, tuple[str, str, str]]) -> N
             w.writerow(ERROR_COLUMNS)
             for line in sorted(errors):
                 sid, reason, detail = errors[line]
-                w.writerow((sid, line, reason, detail))
+                w.writerow((sid, line, sources.get(line, ""), reason, detail))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -196,7 +212,7 @@ def _tokenize(tokenizer, members: list[Record], max_tokens: int):
         except SampleError as exc:
             errors[rec.line] = (rec.sample_id, exc.reason, exc.detail)
             continue
-        good.append(Good(rec.line, rec.sample_id, t.input_ids, t.loss_mask))
+        good.append(Good(rec.line, rec.sample_id, t.input_ids, t.loss_mask, t.full_length))
     return good, errors
 
 
@@ -223,8 +239,13 @@ def _batches(group: list[Good], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def _open_writer(path: Path, provenance: dict, **kwargs) -> ShardWriter:
-    """Resume a scratch store, or start it again when it was begun with another setup."""
+def _open_writer(path: Path, provenance: dict, *, lock: StoreLock, **kwargs) -> ShardWriter:
+    """Resume a scratch store, or start it again when it was begun with another setup.
+
+    `lock` must be held for `path`: a store another process writes is never looked at here.
+    """
+    if not (lock.held and lock.store == path):
+        raise ExtractError(f"{path}: opening a scratch store needs its lock held")
     if path.exists():
         try:
             old = ShardReader(path, require_complete=False).attrs.get("provenance")
@@ -235,7 +256,7 @@ def _open_writer(path: Path, provenance: dict, **kwargs) -> ShardWriter:
         if old != normal:
             log.warning("scratch store %s was begun with another setup; starting again", path)
             shutil.rmtree(path)
-    return ShardWriter(path, provenance=provenance, **kwargs)
+    return ShardWriter(path, provenance=provenance, lock=lock, **kwargs)
 
 
 def provenance_for(
@@ -357,6 +378,7 @@ def extract_shard(
             target_path, device=capture.get("device", "auto"), architecture=architecture
         )
     good, errors = _tokenize(target.tokenizer, members, max_tokens)
+    sources = {r.line: r.source for r in members}
     settings = {
         "capture": {**capture, "aux_layer_ids": aux_ids},
         "extract": dict(extract),
@@ -377,69 +399,87 @@ def extract_shard(
         weights_cache=weights_cache,
     )
     hidden = int(target.model.config.get_text_config().hidden_size)
-    writer = _open_writer(
-        work_store,
-        provenance,
-        hidden_size=hidden,
-        aux_layer_ids=aux_ids,
-        chunk_tokens=int(extract.get("chunk_tokens", 256)),
-        shard_tokens=int(extract.get("shard_tokens", 16384)),
-    )
+    # Locked before the scratch store is looked at; held until the store is in place.
+    lock = StoreLock(work_store).acquire()
+    writer = None
     try:
-        groups, bar = resume_plan(
-            writer,
+        writer = _open_writer(
             work_store,
-            work_errors,
-            good,
-            errors,
-            members,
-            commit_every,
-            desc=f"extract {split}/{shard:03d}",
-            progress=progress,
+            provenance,
+            lock=lock,
+            hidden_size=hidden,
+            aux_layer_ids=aux_ids,
+            chunk_tokens=int(extract.get("chunk_tokens", 256)),
+            shard_tokens=int(extract.get("shard_tokens", 16384)),
         )
-        t0, tokens, commits = time.monotonic(), 0, 0
-        seconds["setup"] = time.perf_counter() - start
-        with HFCapture(target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id) as cap:
-            for group in groups:
-                results: dict[int, tuple] = {}
-                tick = time.perf_counter()
-                for batch in _batches(group, batch_size):
-                    outs = cap.capture([group[i].input_ids for i in batch])
-                    results.update(zip(batch, outs, strict=True))
-                seconds["capture"] += time.perf_counter() - tick
-                tick = time.perf_counter()
-                for i, g in enumerate(group):
-                    aux, final = results[i]
-                    if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
-                        errors[g.line] = (g.sample_id, "non_finite", "the target gave NaN or Inf")
-                        continue
-                    errors.pop(g.line, None)
-                    writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
-                    tokens += len(g.input_ids)
-                writer.commit()
-                write_errors(work_errors, errors)
-                seconds["write"] += time.perf_counter() - tick
-                commits += 1
-                bar.update(len(group))
-                bar.set_postfix(tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
-                if stop_after_commits is not None and commits >= stop_after_commits:
-                    raise Interrupted(f"stopped after {commits} commits (as asked)")
-        bar.close()
-        writer.finish()
-        outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
+        try:
+            groups, bar = resume_plan(
+                writer,
+                work_store,
+                work_errors,
+                good,
+                errors,
+                members,
+                commit_every,
+                desc=f"extract {split}/{shard:03d}",
+                progress=progress,
+            )
+            t0, tokens, commits = time.monotonic(), 0, 0
+            seconds["setup"] = time.perf_counter() - start
+            with HFCapture(
+                target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id
+            ) as cap:
+                for group in groups:
+                    results: dict[int, tuple] = {}
+                    tick = time.perf_counter()
+                    for batch in _batches(group, batch_size):
+                        outs = cap.capture([group[i].input_ids for i in batch])
+                        results.update(zip(batch, outs, strict=True))
+                    seconds["capture"] += time.perf_counter() - tick
+                    tick = time.perf_counter()
+                    for i, g in enumerate(group):
+                        aux, final = results[i]
+                        if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
+                            errors[g.line] = (
+                                g.sample_id,
+                                "non_finite",
+                                "the target gave NaN or Inf",
+                            )
+                            continue
+                        errors.pop(g.line, None)
+                        writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
+                        tokens += len(g.input_ids)
+                    writer.commit()
+                    write_errors(work_errors, errors, sources)
+                    seconds["write"] += time.perf_counter() - tick
+                    commits += 1
+                    bar.update(len(group))
+                    bar.set_postfix(tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
+                    if stop_after_commits is not None and commits >= stop_after_commits:
+                        raise Interrupted(f"stopped after {commits} commits (as asked)")
+            bar.close()
+            writer.finish()
+            outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
+        finally:
+            writer.close()
+        write_errors(work_errors, errors, sources)
+        # The table is copied, not moved, until the store is in place: a job killed between the
+        # two steps is rerun by Snakemake, which resumes the finished scratch store and its table.
+        atomic.copy(work_errors, errors_csv)
+        atomic.replace_folder(work_store, out_store)
+        work_errors.unlink()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise ExtractError(
+            for_extract(work_store, out_store, writer, good, aux_ids, hidden)
+        ) from exc
     finally:
-        writer.close()
-    write_errors(work_errors, errors)
-    # The table is copied, not moved, until the store is in place: a job killed between the
-    # two steps is rerun by Snakemake, which resumes the finished scratch store and its table.
-    atomic.copy(work_errors, errors_csv)
-    if out_store.exists():
-        shutil.rmtree(out_store)
-    os.replace(work_store, out_store)
-    work_errors.unlink()
+        lock.release()
     with contextlib.suppress(OSError):
         work_store.parent.rmdir()  # only when empty
     outcome.errors = _count(errors)
+    count_cuts(outcome, good, errors, max_tokens)
     seconds["total"] = time.perf_counter() - start
     outcome.seconds = seconds
     log.info(
@@ -451,6 +491,23 @@ def extract_shard(
         outcome.errors,
     )
     return outcome
+
+
+def count_cuts(outcome: Outcome, good: list[Good], errors: dict, max_tokens: int) -> None:
+    """Count (and log) the stored samples that were cut at dataset.max_tokens."""
+    cut = [g for g in good if g.full_length > len(g.input_ids) and g.line not in errors]
+    outcome.truncated = len(cut)
+    outcome.tokens_cut = sum(g.full_length - len(g.input_ids) for g in cut)
+    if cut:
+        log.warning(
+            "%s: %d samples were cut at dataset.max_tokens (%d), dropping %d tokens (the "
+            "longest had %d); raise dataset.max_tokens to keep them whole",
+            outcome.store,
+            len(cut),
+            max_tokens,
+            outcome.tokens_cut,
+            max(g.full_length for g in cut),
+        )
 
 
 def _count(errors: dict) -> dict[str, int]:

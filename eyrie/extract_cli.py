@@ -57,5 +57,6 @@ def run(args) -> int:
     except (ExtractError, TargetError, StoreError, SampleError) as exc:
         print(f"eyrie extract: {exc}", file=sys.stderr)
         return 1
-    print(f"{out.store}: {out.samples} samples, {out.tokens} tokens, errors {out.errors}")
+    cut = f", {out.truncated} cut at dataset.max_tokens" if out.truncated else ""
+    print(f"{out.store}: {out.samples} samples{cut}, {out.tokens} tokens, errors {out.errors}")
     return 0

@@ -34,8 +34,10 @@ import numpy as np
 import torch
 
 from eyrie import atomic
+from eyrie.disk_full import for_extract, is_disk_full
 from eyrie.extract import ExtractError
 from eyrie.sglang_patch import dump as proto
+from eyrie.store_lock import StoreLock
 
 log = logging.getLogger("eyrie.sglang")
 
@@ -532,6 +534,7 @@ def extract_shard_sglang(
         )
     tokenizer = target.tokenizer if target is not None else load_tokenizer(target_path)
     good, errors = ex._tokenize(tokenizer, members, max_tokens)
+    sources = {r.line: r.source for r in members}
     settings = {
         "capture": {**capture, "aux_layer_ids": aux_ids},
         "extract": dict(extract),
@@ -559,86 +562,100 @@ def extract_shard_sglang(
     if s["dtype"] == "auto":
         provenance["dtype"] = "auto"
     hidden = _hidden_size(read_config(target_path))
-    writer = ex._open_writer(
-        work_store,
-        provenance,
-        hidden_size=hidden,
-        aux_layer_ids=aux_ids,
-        chunk_tokens=int(extract.get("chunk_tokens", 256)),
-        shard_tokens=int(extract.get("shard_tokens", 16384)),
-    )
-    rid_prefix = f"{s['rid_prefix']}{split}.{shard:03d}:"
-    log_dir = Path(s["log_dir"]) if s["log_dir"] else errors_csv.parent
-    server_log = log_dir / f"{out_store.stem}.sglang.log"
-    stats = None
+    # Locked before the scratch store is looked at; held until the store is in place.
+    lock = StoreLock(work_store).acquire()
+    writer = None
     try:
-        groups, bar = ex.resume_plan(
-            writer,
+        writer = ex._open_writer(
             work_store,
-            work_errors,
-            good,
-            errors,
-            members,
-            commit_every,
-            desc=f"extract {split}/{shard:03d} (sglang)",
-            progress=progress,
+            provenance,
+            lock=lock,
+            hidden_size=hidden,
+            aux_layer_ids=aux_ids,
+            chunk_tokens=int(extract.get("chunk_tokens", 256)),
+            shard_tokens=int(extract.get("shard_tokens", 16384)),
         )
-        t0, tokens, commits = time.monotonic(), 0, 0
-        seconds["setup"] = time.perf_counter() - start
-        if groups:
-            with patched_server(
-                bundle=bundle,
-                manifest=manifest,
-                target_path=target_path,
-                settings=s,
-                rid_prefix=rid_prefix,
-                log_path=server_log,
-            ) as (url, folder):
-                seconds["setup"] = time.perf_counter() - start
-                stats = folder.stats
-                cap = SglangCapture(url, folder, s, rid_prefix)
-                try:
-                    for group in groups:
-                        tick = time.perf_counter()
-                        results = cap.capture([(g.sample_id, g.input_ids) for g in group])
-                        seconds["capture"] += time.perf_counter() - tick
-                        tick = time.perf_counter()
-                        for g, res in zip(group, results, strict=True):
-                            if isinstance(res[0], str):  # ("error", reason, detail)
-                                errors[g.line] = (g.sample_id, res[1], res[2])
-                                continue
-                            aux, final = res
-                            if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
-                                why = "the target gave NaN or Inf"
-                                errors[g.line] = (g.sample_id, "non_finite", why)
-                                continue
-                            errors.pop(g.line, None)
-                            writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
-                            tokens += len(g.input_ids)
-                        writer.commit()
-                        ex.write_errors(work_errors, errors)
-                        seconds["write"] += time.perf_counter() - tick
-                        commits += 1
-                        bar.update(len(group))
-                        bar.set_postfix(tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
-                        if stop_after_commits is not None and commits >= stop_after_commits:
-                            raise ex.Interrupted(f"stopped after {commits} commits (as asked)")
-                finally:
-                    cap.close()
-        bar.close()
-        writer.finish()
-        outcome = ex.Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
+        rid_prefix = f"{s['rid_prefix']}{split}.{shard:03d}:"
+        log_dir = Path(s["log_dir"]) if s["log_dir"] else errors_csv.parent
+        server_log = log_dir / f"{out_store.stem}.sglang.log"
+        stats = None
+        try:
+            groups, bar = ex.resume_plan(
+                writer,
+                work_store,
+                work_errors,
+                good,
+                errors,
+                members,
+                commit_every,
+                desc=f"extract {split}/{shard:03d} (sglang)",
+                progress=progress,
+            )
+            t0, tokens, commits = time.monotonic(), 0, 0
+            seconds["setup"] = time.perf_counter() - start
+            if groups:
+                with patched_server(
+                    bundle=bundle,
+                    manifest=manifest,
+                    target_path=target_path,
+                    settings=s,
+                    rid_prefix=rid_prefix,
+                    log_path=server_log,
+                ) as (url, folder):
+                    seconds["setup"] = time.perf_counter() - start
+                    stats = folder.stats
+                    cap = SglangCapture(url, folder, s, rid_prefix)
+                    try:
+                        for group in groups:
+                            tick = time.perf_counter()
+                            results = cap.capture([(g.sample_id, g.input_ids) for g in group])
+                            seconds["capture"] += time.perf_counter() - tick
+                            tick = time.perf_counter()
+                            for g, res in zip(group, results, strict=True):
+                                if isinstance(res[0], str):  # ("error", reason, detail)
+                                    errors[g.line] = (g.sample_id, res[1], res[2])
+                                    continue
+                                aux, final = res
+                                if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
+                                    why = "the target gave NaN or Inf"
+                                    errors[g.line] = (g.sample_id, "non_finite", why)
+                                    continue
+                                errors.pop(g.line, None)
+                                writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
+                                tokens += len(g.input_ids)
+                            writer.commit()
+                            ex.write_errors(work_errors, errors, sources)
+                            seconds["write"] += time.perf_counter() - tick
+                            commits += 1
+                            bar.update(len(group))
+                            bar.set_postfix(
+                                tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}"
+                            )
+                            if stop_after_commits is not None and commits >= stop_after_commits:
+                                raise ex.Interrupted(f"stopped after {commits} commits (as asked)")
+                    finally:
+                        cap.close()
+            bar.close()
+            writer.finish()
+            outcome = ex.Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
+        finally:
+            writer.close()
+        ex.write_errors(work_errors, errors, sources)
+        atomic.copy(work_errors, errors_csv)
+        atomic.replace_folder(work_store, out_store)
+        work_errors.unlink()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise ExtractError(
+            for_extract(work_store, out_store, writer, good, aux_ids, hidden)
+        ) from exc
     finally:
-        writer.close()
-    ex.write_errors(work_errors, errors)
-    atomic.copy(work_errors, errors_csv)
-    if out_store.exists():
-        shutil.rmtree(out_store)
-    os.replace(work_store, out_store)
-    work_errors.unlink()
+        lock.release()
     with contextlib.suppress(OSError):
         work_store.parent.rmdir()
     outcome.errors = ex._count(errors)
+    ex.count_cuts(outcome, good, errors, max_tokens)
     seconds["total"] = time.perf_counter() - start
     outcome.seconds = seconds
     if stats is not None:

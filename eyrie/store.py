@@ -31,10 +31,7 @@ import torch
 import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 
-try:  # advisory lock against two writers on one shard; POSIX only
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX
-    fcntl = None
+from eyrie.store_lock import StoreLock
 
 STORE_VERSION = 1
 COMMIT_RECORD = "commit.json"
@@ -284,8 +281,9 @@ class ShardWriter:
     """Appends samples to one shard store; commit() makes them durable, finish() seals it.
 
     Opening an existing store resumes from its last commit: anything written after it is
-    discarded. One writer per store at a time (enforced with an advisory lock where the file
-    system supports it). ``num_samples``/``num_tokens`` count committed samples only.
+    discarded. One writer per store at a time: the writer holds `eyrie.store_lock.StoreLock`
+    (a file lock beside the store, taken before the store is looked at), or is given one its
+    caller holds. ``num_samples``/``num_tokens`` count committed samples only.
     """
 
     def __init__(
@@ -297,28 +295,31 @@ class ShardWriter:
         provenance: dict,
         chunk_tokens: int = 256,
         shard_tokens: int = 16384,
+        lock: StoreLock | None = None,
     ):
         self.path = Path(path)
-        self._lock_fd: int | None = None
         self._closed = False
         self._check_params(hidden_size, aux_layer_ids, provenance, chunk_tokens, shard_tokens)
         self.hidden_size = int(hidden_size)
         self.aux_layer_ids = [int(i) for i in aux_layer_ids]
         self.provenance = _json_normal(provenance, "provenance", self.path)
+        if lock is not None and not (lock.held and lock.store == self.path):
+            raise StoreError(f"{self.path}: the lock given is not held for this store")
+        self._own_lock = lock is None
+        self._store_lock = lock if lock is not None else StoreLock(self.path).acquire()
         self._buffer: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._buffered_ids: set[str] = set()
         self._buffered_tokens = 0
 
-        attrs = _root_attrs(self.path) if self.path.is_dir() else None
-        if attrs is None:
-            if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
-                raise StoreError(
-                    f"{self.path} exists and is not an Eyrie shard store; remove it or "
-                    "choose another output path"
-                )
-            self._create(chunk_tokens, shard_tokens)
-        self._lock()
         try:
+            attrs = _root_attrs(self.path) if self.path.is_dir() else None
+            if attrs is None:
+                if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+                    raise StoreError(
+                        f"{self.path} exists and is not an Eyrie shard store; remove it or "
+                        "choose another output path"
+                    )
+                self._create(chunk_tokens, shard_tokens)
             self._remove_stale_creations()
             self._open_and_resume()
         except BaseException:
@@ -407,20 +408,6 @@ class ShardWriter:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-
-    def _lock(self) -> None:
-        if fcntl is None:
-            return
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise StoreError(
-                f"{self.path} is being written by another process; run one writer per shard "
-                "(wait for the other job, or give each job its own shard path)"
-            ) from None
-        self._lock_fd = fd
 
     def _open_and_resume(self) -> None:
         p = self.path
@@ -590,9 +577,8 @@ class ShardWriter:
         self._buffered_ids = set()
         self._buffered_tokens = 0
         self._closed = True
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._own_lock:
+            self._store_lock.release()
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -603,11 +589,6 @@ class ShardWriter:
                 self.commit()
         finally:
             self.close()
-
-    def __del__(self):
-        if getattr(self, "_lock_fd", None) is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ DEFAULTS = {
     "precision": "auto",
     "device": "auto",
     "processes": 1,
+    "rdzv_host": None,
     "num_workers": 1,
     "checkpoint_every": 50,
     "keep_checkpoints": 2,
@@ -67,7 +68,7 @@ DEFAULTS = {
     "drafter": {},
 }
 # settings that do not change the numbers: a resume may change them
-RUNTIME_KEYS = ("num_workers", "checkpoint_every", "keep_checkpoints", "processes")
+RUNTIME_KEYS = ("num_workers", "checkpoint_every", "keep_checkpoints", "processes", "rdzv_host")
 
 
 class TrainError(RuntimeError):

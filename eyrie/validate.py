@@ -85,10 +85,13 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def reference_ids(tokenizer, messages: list[dict], max_tokens: int) -> list[int]:
-    """The input ids as transformers' own chat tokenization gives them, cut to max_tokens."""
+def reference_ids(tokenizer, messages: list[dict], max_tokens: int, full=None) -> list[int]:
+    """The input ids as transformers' own chat tokenization gives them, cut to max_tokens
+    (`full`, a list, gets the length before the cut)."""
     out = tokenizer.apply_chat_template(messages, tokenize=True)
     ids = out["input_ids"] if hasattr(out, "keys") else out
+    if full is not None:
+        full.append(len(ids))
     return [int(i) for i in ids[:max_tokens]]
 
 
@@ -110,6 +113,14 @@ class RawStore:
 def open_raw(path: Path, problems: Problems) -> RawStore | None:
     import zarr
 
+    from eyrie.validate_advice import half_deleted
+
+    if not path.is_dir():
+        problems.add("unreadable", None, f"{path} does not exist; extract this shard")
+        return None
+    if why := half_deleted(path):
+        problems.add("unreadable", None, f"{why}; delete it and extract this shard again")
+        return None
     try:
         group = zarr.open_group(zarr.storage.LocalStore(str(path), read_only=True), mode="r")
         attrs = dict(group.attrs)
@@ -211,10 +222,17 @@ def iter_samples(raw: RawStore, p: Problems, block_tokens: int = 4096):
         except Exception:  # find which samples of the block are damaged
             parts = []
             for s in range(i, j):
-                try:
-                    parts.append((s, _read_rows(raw, int(off[s]), int(off[s + 1]))))
-                except Exception as exc:
-                    p.add("checksum", ids[s], f"{type(exc).__name__}: {exc}")
+                arrays, bad = {}, []
+                for name in ("input_ids", "loss_mask", "aux_hidden", "final_hidden"):
+                    try:
+                        arrays[name] = raw.arrays[name][int(off[s]) : int(off[s + 1])]
+                    except Exception as exc:
+                        text = str(exc) or type(exc).__name__
+                        bad.append(f"{name}: {text[:1].lower()}{text[1:]}")
+                if bad:
+                    p.add("checksum", ids[s], "; ".join(bad))
+                else:
+                    parts.append((s, arrays))
         for s, arrays in parts:
             yield s, ids[s], arrays
         i = j
@@ -368,10 +386,12 @@ def validate_shard(
         "split": split,
         "shard": f"{shard:03d}",
         "store": str(store),
+        "errors_csv": str(errors_csv),
         "samples": 0,
         "tokens": 0,
         "expected_samples": None,
         "expected_tokens": 0,
+        "truncated": 0,  # stored samples cut at dataset.max_tokens (counted, not an error)
     }
     sliceable = False
     if raw is not None:
@@ -413,8 +433,10 @@ def validate_shard(
             ref = None
             if rec is not None and rec.messages:
                 try:
-                    ref = reference_ids(tokenizer, rec.messages, max_tokens)
+                    full: list[int] = []
+                    ref = reference_ids(tokenizer, rec.messages, max_tokens, full)
                     report["expected_tokens"] += len(ref)
+                    report["truncated"] += full[0] > max_tokens
                 except Exception as exc:
                     p.add("input_ids", sid, f"re-tokenization failed: {exc}")
             check_values(sid, arr, ref, p)
@@ -489,6 +511,7 @@ def summary_table(reports: list[dict]) -> pd.DataFrame:
                 "shard": r["shard"],
                 "samples": r.get("samples", 0),
                 "tokens": r.get("tokens", 0),
+                "truncated": r.get("truncated", 0),
                 "bytes_stored": r.get("bytes_stored", 0),
                 "bytes_per_token": r.get("bytes_per_token"),
                 "compression_ratio": r.get("compression_ratio"),
@@ -504,7 +527,7 @@ def summary_table(reports: list[dict]) -> pd.DataFrame:
     base = [c for c in df.columns if not c.startswith("err:")]
     df = df[base + err_cols]
     total = {"split": "all", "shard": "all"}
-    for c in ("samples", "tokens", "bytes_stored", "errors", *err_cols):
+    for c in ("samples", "tokens", "truncated", "bytes_stored", "errors", *err_cols):
         total[c] = int(df[c].sum())
     total["bytes_per_token"] = total["bytes_stored"] / total["tokens"] if total["tokens"] else None
     ratios = df["compression_ratio"].dropna()
@@ -546,6 +569,7 @@ def summarize(report_paths: list, csv_path, md_path, max_errors: int) -> tuple[b
     total = int(df.iloc[-1]["errors"])
     kinds = {c[4:]: int(df.iloc[-1][c]) for c in df.columns if c.startswith("err:")}
     md = "# Hidden-state validation\n\n" + markdown(df)
+    md += "\n`truncated`: samples stored cut at dataset.max_tokens (counted, not errors).\n"
     if kinds:
         md += "\nError kinds:\n\n" + "".join(
             f"- `{k}` ({n}): {KINDS.get(k, 'listed by the extraction: ' + k.split(':', 1)[-1])}\n"
@@ -564,8 +588,11 @@ def summarize(report_paths: list, csv_path, md_path, max_errors: int) -> tuple[b
         f"validate.max_errors is {max_errors}"
     )
     if not ok:
+        from eyrie.validate_advice import shard_advice
+
+        advice = [shard_advice(r) for r in reports if r.get("errors")]
         msg += (
-            ". The per-shard reports list each problem with its sample id; fix the cause and "
-            "rerun, or raise validate.max_errors if these losses are acceptable"
+            ". The per-shard reports list each problem with its sample id. What fixes it:\n"
+            + "".join(f"- {a}\n" for a in advice if a)
         )
     return ok, msg + "\n\n" + md

@@ -20,7 +20,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shard", type=int, help="one shard, 0-based (with --split)")
 
 
-def validate_one(cfg: dict, split: str, shard: int) -> Path:
+def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
     from eyrie.atomic import write_json
     from eyrie.target import configured_dir
     from eyrie.validate import validate_shard
@@ -47,7 +47,7 @@ def validate_one(cfg: dict, split: str, shard: int) -> Path:
     out = results / "validate" / split / f"{name}.json"
     write_json(out, report, default=str)
     print(f"{out}: {report['errors']} errors {report['error_counts']}")
-    return out
+    return out, report
 
 
 def run(args) -> int:
@@ -62,10 +62,16 @@ def run(args) -> int:
         print("eyrie validate: give both --split and --shard, or neither", file=sys.stderr)
         return 2
     if args.split is not None:
-        validate_one(cfg, args.split, args.shard)
+        from eyrie.validate_advice import over_limit
+
+        _, report = validate_one(cfg, args.split, args.shard)
+        message = over_limit(report, cfg["validate"]["max_errors"], args.config)
+        if message:
+            print(f"eyrie validate: {message}", file=sys.stderr)
+            return 1
         return 0
     reports = [
-        validate_one(cfg, split, shard)
+        validate_one(cfg, split, shard)[0]
         for split in SPLITS
         for shard in range(cfg["extract"]["shards"])
     ]

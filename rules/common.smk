@@ -20,6 +20,30 @@ def target_dir():
     return config["target"]["path"]
 
 
+def check_target_folder():
+    """Stop at parse time when target.path names no model folder (else Snakemake would report a
+    MissingInputException for its config.json)."""
+    path = config["target"]["path"]
+    if path == TOY_DEEPSEEK or os.path.isfile(os.path.join(path, "config.json")):
+        return
+    if not os.path.exists(path):
+        what = "does not exist"
+    elif not os.path.isdir(path):
+        what = "is not a folder"
+    else:
+        what = "has no config.json"
+    print(
+        f"eyrie: target.path is {path!r}, but the folder {os.path.abspath(path)} {what}. Set "
+        "target.path to a Hugging Face model folder (config.json, the weights and the "
+        f"tokenizer), or to {TOY_DEEPSEEK!r} for the toy the workflow builds.",
+        file=sys.stderr,
+    )
+    raise SystemExit(1)
+
+
+check_target_folder()
+
+
 def target_config():
     """config.json of the target: a file the workflow tracks, so a changed target reruns."""
     return f"{target_dir()}/config.json"
@@ -29,6 +53,13 @@ def dataset_source(wildcards):
     return config["dataset"][wildcards.split]
 
 
+def error_tables(split):
+    """The errors tables of a split's shards. Rules that read stores list them as inputs too:
+    Snakemake deletes a table before its store (rules/extract.smk), so a store half deleted by
+    a killed run has no table, and the first job that needs the store extracts it again."""
+    return expand(f"{R}/store/{split}/shard-{{shard}}.errors.csv", shard=SHARDS)
+
+
 def final_outputs():
     outputs = [f"{R}/verify/report.json", f"{R}/validate/summary.csv"]
     outputs += [f"{R}/train/metrics.csv", f"{R}/train/heldout.json"]
@@ -36,3 +67,24 @@ def final_outputs():
     outputs += expand(f"{R}/export/{{engine}}.check.json", engine=config["export"]["engines"])
     outputs += [f"{R}/report/summary.md"]
     return outputs
+
+
+def warn_half_deleted_stores():
+    """A store left half deleted (see rules/extract.smk): say so, and how to redo it now."""
+    for split in SPLITS:
+        for shard in SHARDS:
+            store = f"{R}/store/{split}/shard-{shard}.zarr"
+            table = f"{R}/store/{split}/shard-{shard}.errors.csv"
+            parts = (table, f"{store}/commit.json", f"{store}/zarr.json")
+            gone = [p for p in parts if not os.path.isfile(p)]
+            if os.path.isdir(store) and gone:
+                print(
+                    f"Eyrie: shard store {store} is half deleted ({', '.join(gone)} missing; a "
+                    "run killed while Snakemake removed it leaves this). The next job that "
+                    "needs it extracts it again; to redo it now run: snakemake --cores 1 "
+                    f"--forcerun {store} -- {store}",
+                    file=sys.stderr,
+                )
+
+
+warn_half_deleted_stores()

@@ -16,6 +16,7 @@ SGLANG_DRAFT = (
 rule evaluate_acceptance:
     input:
         stores=expand(f"{R}/store/heldout/shard-{{shard}}.zarr", shard=SHARDS),
+        tables=error_tables("heldout"),  # a half-deleted store is extracted again first
         drafter=f"{R}/train/drafter/model.safetensors",
         target=target_config(),
     output:

@@ -4,6 +4,15 @@
 # the job writes into {R}/store/{split}/.work/ (not an output) and moves the finished store into
 # place at the very end. `snakemake --rerun-incomplete` then resumes the scratch store from its
 # last commit instead of starting the shard again.
+#
+# A kill while Snakemake itself deletes an old store (before a rerun, e.g. --forcerun extract)
+# happens before Snakemake marks the job incomplete, so --rerun-incomplete cannot see it.
+# Snakemake deletes outputs in the order they are listed: the errors table (one unlink) goes
+# first, so a half-deleted store always comes with a missing table, and the next run redoes
+# the job for that missing output. The job itself replaces a store by renaming, never by a
+# deletion a kill could cut short (eyrie.atomic.replace_folder). Rules that read stores
+# also take their errors tables as input (error_tables() in rules/common.smk), and a store
+# found half deleted is reported when the workflow is parsed (rules/common.smk).
 
 
 rule extract:
@@ -13,8 +22,8 @@ rule extract:
         verify=f"{R}/verify/report.json",
         patch=PATCH_INPUTS,  # the SGLang patch bundle (rules/patch.smk); none for hf
     output:
+        errors=f"{R}/store/{{split}}/shard-{{shard}}.errors.csv",  # first: see above
         store=directory(f"{R}/store/{{split}}/shard-{{shard}}.zarr"),
-        errors=f"{R}/store/{{split}}/shard-{{shard}}.errors.csv",
     params:
         target=lambda wildcards, input: os.path.dirname(input.target),
         architecture=config["target"]["architecture"],

@@ -10,6 +10,7 @@ wildcard_constraints:
 rule draft_vocab:
     input:
         stores=expand(f"{R}/store/train/shard-{{shard}}.zarr", shard=SHARDS),
+        tables=error_tables("train"),  # a half-deleted store is extracted again first
         # a gate, not data: a rerun of validation alone (e.g. a new threshold) does not retrain
         validated=ancient(f"{R}/validate/summary.csv"),
         target=target_config(),
@@ -32,6 +33,7 @@ rule train_drafter:
     input:
         train=expand(f"{R}/store/train/shard-{{shard}}.zarr", shard=SHARDS),
         heldout=expand(f"{R}/store/heldout/shard-{{shard}}.zarr", shard=SHARDS),
+        tables=error_tables("train") + error_tables("heldout"),
         # a gate, not data: a rerun of validation alone (e.g. a new threshold) does not retrain
         validated=ancient(f"{R}/validate/summary.csv"),
         vocab=f"{R}/draft_vocab/vocab.safetensors",
@@ -60,6 +62,7 @@ rule export_drafter:
         meta=f"{R}/train/drafter/drafter.json",
         vocab=f"{R}/draft_vocab/vocab.safetensors",
         store=f"{R}/store/train/shard-000.zarr",
+        table=f"{R}/store/train/shard-000.errors.csv",
         target=target_config(),
     output:
         folder=directory(f"{R}/export/{{engine}}"),

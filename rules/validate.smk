@@ -35,6 +35,7 @@ rule validate_summary:
     input:
         reports=expand(f"{R}/validate/{{split}}/shard-{{shard}}.json", split=SPLITS, shard=SHARDS),
         stores=expand(f"{R}/store/{{split}}/shard-{{shard}}.zarr", split=SPLITS, shard=SHARDS),
+        tables=error_tables("train") + error_tables("heldout"),
     output:
         csv=f"{R}/validate/summary.csv",
         md=f"{R}/validate/summary.md",

@@ -1,5 +1,6 @@
-"""Snakemake adapter for rule train_drafter: eyrie.train in this process, or under torchrun
-with train.processes > 1 (DDP, one process per GPU)."""
+"""Snakemake adapter for rule train_drafter: eyrie.train in this process, or with
+train.processes > 1 one process per GPU (DDP), started by eyrie.ddp_launch with the rendezvous
+on train.rdzv_host (null: 127.0.0.1 only)."""
 
 import contextlib
 import logging
@@ -34,16 +35,14 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.re
             settings=settings,
             progress=False,
         )
-    else:  # the same run, through the CLI, under torchrun
+    else:  # the same run, through the CLI, one process each (eyrie/ddp_launch.py)
+        from eyrie.ddp_launch import launch
+
         work.mkdir(parents=True, exist_ok=True)
         cfg_path = work / "config.yaml"
         cfg_path.write_text(yaml.safe_dump(dict(sm.config)))
         cmd = [
             sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={processes}",
             "-m",
             "eyrie.cli",
             "train",
@@ -65,6 +64,7 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.re
         ]
         threads = max(1, sm.threads // processes)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        if done.returncode:
-            raise SystemExit(f"error: torchrun exited with {done.returncode}; see {sm.log[0]}")
+        host = settings.get("rdzv_host")
+        code = launch(cmd, processes, host=host, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if code:
+            raise SystemExit(f"error: a training process exited with {code}; see {sm.log[0]}")

@@ -71,21 +71,42 @@ def test_not_a_mapping_and_missing_file(tmp_path):
         load(tmp_path / "missing.yaml")
 
 
-def test_snakemake_refuses_a_bad_config_naming_key_and_values(tmp_path):
-    cfg = default()
-    cfg["capture"]["backend"] = "vllm"
+def snakemake_dry_run(tmp_path, cfg: dict) -> subprocess.CompletedProcess:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    run = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "snakemake", "-n", "--configfile", str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
     )
+
+
+def test_snakemake_refuses_a_bad_config_naming_key_and_values(tmp_path):
+    run = snakemake_dry_run(tmp_path, {"capture": {"backend": "vllm"}})
     assert run.returncode != 0
-    out = run.stdout + run.stderr
-    assert "'vllm' is not one of ['hf', 'sglang']" in out
-    assert "['capture']['backend']" in out
+    assert "capture.backend: 'vllm' is not allowed; use one of ['hf', 'sglang']" in run.stderr
+
+
+def test_snakemake_names_every_unknown_key_and_prints_no_schema(tmp_path):
+    run = snakemake_dry_run(tmp_path, {"capture": {"batchsize": 4}, "trian": {"epochs": 1}})
+    assert run.returncode != 0
+    err = run.stderr
+    assert "capture: unknown key(s) ['batchsize']; allowed keys are ['aux_layer_ids'" in err
+    assert "(top level): unknown key(s) ['trian']" in err
+    assert len((run.stdout + err).splitlines()) < 15, err  # not the schema
+    assert "properties" not in err and "additionalProperties" not in err
+
+
+def test_snakemake_stops_at_a_target_folder_without_config_json(tmp_path):
+    (tmp_path / "model").mkdir()
+    for path, what in ((tmp_path / "model", "has no config.json"), (tmp_path / "no", "does not")):
+        run = snakemake_dry_run(tmp_path, {"target": {"path": str(path)}})
+        assert run.returncode != 0
+        assert f"target.path is {str(path)!r}, but the folder {path} {what}" in run.stderr
+        assert "Hugging Face model folder (config.json" in run.stderr
+        assert "MissingInputException" not in run.stdout + run.stderr
+        assert len((run.stdout + run.stderr).splitlines()) < 10, run.stderr
 
 
 def test_readme_config_reference_is_current():

@@ -194,7 +194,8 @@ def test_prepare_writes_normalized_messages_and_problems(tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["good", "last", "a"]  # first 3 good, file order
     assert rows[2]["messages"] == EXPECTED[0]  # ShareGPT normalized to messages
-    assert all(set(r) == {"id", "messages"} for r in rows)
+    assert all(set(r) == {"id", "messages", "source"} for r in rows)
+    assert [r["source"].rsplit(":", 1)[1] for r in rows][:2] == ["1", str(len(expected) + 2)]
     table = pd.read_csv(csv)
     assert list(table.columns) == ["path", "line", "kind", "reason", "sample_id"]
     assert dict(zip(table["line"], table["kind"], strict=True)) == expected
@@ -220,6 +221,49 @@ def test_cli_lists_problems_and_fails_only_under_fail(tmp_path, capsys):
     assert main(["dataset", str(path), "--on-bad-input", "fail"]) == 1
     assert main(["dataset", str(write_lines(tmp_path / "m.jsonl", SHAREGPT_LINES))]) == 0
     assert main(["dataset", str(tmp_path / "missing.jsonl")]) == 1
+
+
+SURROGATE_LINES = [
+    '{"id": "ok1", "conversations": [{"from": "human", "value": "hi"}, '
+    '{"from": "gpt", "value": "hello \\ud83d\\ude00"}]}',  # a whole pair: a good line
+    '{"id": "lone", "conversations": [{"from": "human", "value": "emoji \\ud83d please"}, '
+    '{"from": "gpt", "value": "ok"}]}',
+    '{"id": "lo\\udc00ne", "messages": [{"role": "user", "content": "q"}, '
+    '{"role": "assistant", "content": "a"}]}',
+    '{"id": "ok2", "messages": [{"role": "user", "content": "q"}, '
+    '{"role": "assistant", "content": "a"}]}',
+]
+
+
+def test_a_lone_surrogate_escape_is_a_bad_line_under_skip(tmp_path, capsys):
+    src = tmp_path / "sur.jsonl"
+    src.write_text("\n".join(SURROGATE_LINES) + "\n", encoding="utf-8")
+    assert main(["dataset", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert f'{src}:2: lone_surrogate (id lone): turn 0 (user) "value"' in out
+    assert "\\ud83d at character 7" in out
+    assert f"{src}:3: lone_surrogate" in out and "2 good, 2 bad" in out
+    dst, csv = tmp_path / "o" / "train.jsonl", tmp_path / "o" / "train.problems.csv"
+    counts = prepare(src, dst, csv, on_bad="skip", split="train")
+    assert counts["good"] == 2 and counts["by_kind"] == {"lone_surrogate": 2}
+    assert [json.loads(x)["id"] for x in dst.read_text(encoding="utf-8").splitlines()] == [
+        "ok1",
+        "ok2",
+    ]
+    table = pd.read_csv(csv)
+    assert list(zip(table["line"], table["kind"], strict=True)) == [
+        (2, "lone_surrogate"),
+        (3, "lone_surrogate"),
+    ]
+
+
+def test_a_lone_surrogate_escape_stops_the_fail_policy_naming_the_line(tmp_path):
+    src = tmp_path / "sur.jsonl"
+    src.write_text("\n".join(SURROGATE_LINES) + "\n", encoding="utf-8")
+    dst, csv = tmp_path / "o" / "train.jsonl", tmp_path / "o" / "train.problems.csv"
+    with pytest.raises(DatasetError, match=rf"{re.escape(str(src))}:2: lone_surrogate"):
+        prepare(src, dst, csv, on_bad="fail", split="train")
+    assert main(["dataset", str(src), "--on-bad-input", "fail"]) == 1
 
 
 # ---------------------------------------------------------------- the shipped dataset

@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -197,7 +198,7 @@ DRIVER = textwrap.dedent(
     extract_shard(data_path=sys.argv[3], target_path=sys.argv[4], split="train", shard=0,
                   out_store=out + "/shard-000.zarr", errors_csv=out + "/shard-000.errors.csv",
                   capture={CAPTURE!r}, extract={EXTRACT!r}, max_tokens={MAX_TOKENS},
-                  commit_every=3, progress=False)
+                  commit_every=int(sys.argv[5]) if len(sys.argv) > 5 else 3, progress=False)
     """
 ).format(CAPTURE=CAPTURE, EXTRACT=EXTRACT, MAX_TOKENS=MAX_TOKENS)
 
@@ -243,6 +244,40 @@ def test_sigkill_at_random_points_then_resume_is_bit_exact(setup, tmp_path):
     assert errors_rows(killed / "shard-000.errors.csv") == errors_rows(
         tmp_path / "clean" / "shard-000.errors.csv"
     )
+
+
+def test_second_writer_with_another_setup_is_refused_and_the_first_is_intact(
+    setup, uninterrupted, tmp_path
+):
+    """Two real processes on one shard: B (another commit_every, so another setup) starts while
+    A is writing. B must neither delete nor write A's store: it is refused, naming the store and
+    A's pid, and A's store equals a single writer's bit for bit."""
+    root, target, data = setup
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = tmp_path / "out"
+    work_store = work_paths(out / "shard-000.zarr", out / "x")[0]
+    cmd = [sys.executable, str(driver), str(out)]
+    a = subprocess.Popen([*cmd, "3", str(data), str(target)], env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while a.poll() is None and not work_store.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert a.poll() is None, "writer A finished before B started; make A slower"
+    b = subprocess.run(
+        [*cmd, "0", str(data), str(target), "6"], env=env, capture_output=True, text=True
+    )
+    a_running_after_b = a.poll() is None
+    a_err = a.communicate(timeout=300)[1].decode()
+    assert a.returncode == 0, a_err
+    assert b.returncode != 0, "the second writer was not refused"
+    assert "being written by another process" in b.stderr
+    assert str(work_store) in b.stderr and f"pid {a.pid} " in b.stderr
+    assert a_running_after_b  # B was refused while A ran, not after it
+    full, _ = uninterrupted
+    assert_same_store(out / "shard-000.zarr", full / "shard-000.zarr")
+    assert errors_rows(out / "shard-000.errors.csv") == errors_rows(full / "shard-000.errors.csv")
+    assert not work_store.parent.exists()  # the lock file went with the scratch folder
 
 
 def test_missing_target_names_the_key(setup, tmp_path):
@@ -294,3 +329,47 @@ def test_cuda_without_gpu_is_a_clear_error():
 
     with pytest.raises(TargetError, match="capture.device is 'cuda'"):
         resolve_device("cuda")
+
+
+def test_disk_full_names_store_space_and_resumes_bit_exact(
+    setup, uninterrupted, tmp_path, monkeypatch
+):
+    """ENOSPC from zarr's own chunk writes in the third commit: a clear ExtractError (store,
+    space needed and free, rerun resumes), and the rerun gives the single-run store exactly."""
+    import errno
+
+    import zarr.storage
+
+    from eyrie.extract import ExtractError
+
+    real_set, calls = zarr.storage.LocalStore.set, {"commit": 0}
+    import eyrie.store as store_mod
+
+    real_commit = store_mod.ShardWriter.commit
+
+    def commit(self):
+        calls["commit"] += 1
+        return real_commit(self)
+
+    async def full_set(self, key, value, *args, **kwargs):
+        if calls["commit"] >= 3 and "aux_hidden/c" in key:
+            raise OSError(errno.ENOSPC, "No space left on device", key)
+        return await real_set(self, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(store_mod.ShardWriter, "commit", commit)
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", full_set)
+    out = tmp_path / "out"
+    with pytest.raises(ExtractError) as err:
+        run(setup, out)
+    msg = str(err.value)
+    work = work_paths(out / "shard-000.zarr", out / "x")[0]
+    assert f"the disk is full while writing shard store {work}" in msg
+    assert re.search(r"needs about [\d.]+ [KMG]?B more for the \d+ tokens left", msg), msg
+    assert re.search(r"[\d.]+ [KMGT]?B is free on its file system", msg), msg
+    assert "rerun the same command: it resumes from the last commit" in msg
+    assert "Traceback" not in msg and not (out / "shard-000.zarr").exists()
+    monkeypatch.undo()
+    run(setup, out)
+    full, _ = uninterrupted
+    assert_same_store(out / "shard-000.zarr", full / "shard-000.zarr")
+    assert errors_rows(out / "shard-000.errors.csv") == errors_rows(full / "shard-000.errors.csv")

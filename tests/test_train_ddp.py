@@ -9,9 +9,11 @@ rounding; a wrong loss normalization or batch split differs by far more (tested 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -28,6 +30,35 @@ def metrics_and_weights(out):
     return rows, load_file(str(out / "drafter" / "model.safetensors"))
 
 
+def run_watching_sockets(cmd, env, tmp_path):
+    """Run cmd to the end; (the completed process, every (pid, ip, port) it or its children
+    listened on while it ran)."""
+    import psutil
+
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "w") as fo, open(err, "w") as fe:
+        proc = subprocess.Popen(cmd, env=env, stdout=fo, stderr=fe, cwd=REPO)
+        seen = set()
+        while proc.poll() is None:
+            try:
+                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(True)]
+            except psutil.NoSuchProcess:
+                break
+            for q in tree:
+                try:
+                    conns = q.net_connections(kind="inet")
+                except psutil.Error:
+                    continue
+                seen |= {
+                    (q.pid, c.laddr.ip, c.laddr.port)
+                    for c in conns
+                    if c.status == psutil.CONN_LISTEN
+                }
+            time.sleep(0.1)
+    done = subprocess.CompletedProcess(cmd, proc.wait(), out.read_text(), err.read_text())
+    return done, sorted(seen)
+
+
 def test_ddp_two_processes_equal_one(tmp_path):
     s = make_setup(tmp_path, n_train=16, n_heldout=4)
     settings = tiny_settings(max_steps=STEPS, batch_size=6, checkpoint_every=100)
@@ -37,17 +68,13 @@ def test_ddp_two_processes_equal_one(tmp_path):
     one = tmp_path / "one"
     subprocess.run(command(cfg, s, one), env=env, check=True, capture_output=True, cwd=REPO)
     two = tmp_path / "two"
-    launch = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-    ]
-    cmd = command(cfg, s, two)
-    done = subprocess.run(launch + cmd[1:], env=env, capture_output=True, text=True, cwd=REPO)
+    # Started as rule train_drafter starts it (eyrie.ddp_launch, train.rdzv_host null).
+    launch = [sys.executable, "-m", "eyrie.ddp_launch", "--processes", "2", "--"]
+    done, listening = run_watching_sockets(launch + command(cfg, s, two), env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    # Every socket the run listened on is on loopback (torchrun --standalone listens on *).
+    assert listening, "no listening socket was seen; the watch is broken"
+    assert all(ipaddress.ip_address(ip).is_loopback for _, ip, _ in listening), listening
 
     rows1, w1 = metrics_and_weights(one)
     rows2, w2 = metrics_and_weights(two)

@@ -299,3 +299,88 @@ def test_summary_counts_every_kind_and_fails(clean, tmp_path):
     md = (tmp_path / "b.md").read_text()
     assert "cross_shard" in md and "| all | all |" in md
     assert json.loads(paths[0].read_text())["error_counts"]["non_finite"] == 1
+
+
+def layout(clean, root: Path) -> Path:
+    """A results folder of the clean extraction, and a config naming it; returns the config."""
+    src, target, data = clean
+    for d in ("store/train", "data"):
+        (root / "results" / d).mkdir(parents=True)
+    for shard in (0, 1):
+        name = f"shard-{shard:03d}"
+        shutil.copytree(src / f"{name}.zarr", root / "results" / "store" / "train" / f"{name}.zarr")
+        shutil.copy(src / f"{name}.errors.csv", root / "results" / "store" / "train")
+    shutil.copy(data, root / "results" / "data" / "train.jsonl")
+    cfg = root / "config.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "results": str(root / "results"),
+                "target": {"path": str(target)},
+                "dataset": {"train": str(data), "heldout": str(data), "max_tokens": MAX_TOKENS},
+                "capture": {"device": "cpu"},
+                "extract": {"shards": 2},
+                "validate": {"spot_check_samples": 0, "max_errors": 0},
+            }
+        )
+    )
+    return cfg
+
+
+def flip_chunk(store: Path) -> None:
+    chunk = store / "aux_hidden" / "c" / "0" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[100:108] = bytes(b ^ 0xFF for b in data[100:108])
+    chunk.write_bytes(data)
+
+
+def test_one_shard_past_max_errors_fails_naming_the_array_and_the_fix(clean, tmp_path, capsys):
+    from eyrie.cli import main
+
+    cfg = layout(clean, tmp_path)
+    store = tmp_path / "results" / "store" / "train" / "shard-000.zarr"
+    listed = sum(1 for _ in csv.DictReader(open(store.with_name("shard-000.errors.csv"))))
+    cfg_obj = json.loads(cfg.read_text())
+    cfg_obj["validate"]["max_errors"] = listed  # the clean shard is within the limit
+    cfg.write_text(json.dumps(cfg_obj))
+    assert main(["validate", "--config", str(cfg), "--split", "train", "--shard", "0"]) == 0
+    flip_chunk(store)
+    capsys.readouterr()
+    assert main(["validate", "--config", str(cfg), "--split", "train", "--shard", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "train/000" in err and f"more than validate.max_errors ({listed})" in err
+    assert f"rm -rf {store} {store.with_name('shard-000.errors.csv')}" in err
+    assert f"snakemake --cores 1 --configfile {cfg} {store}" in err
+    assert f"eyrie extract --config {cfg} --split train --shard 0" in err
+    out = tmp_path / "results" / "validate" / "train" / "shard-000.json"
+    report = json.loads(out.read_text())
+    details = [p["detail"] for p in report["problems"] if p["kind"] == "checksum"]
+    assert details and all(
+        d.startswith("aux_hidden: stored and computed checksum do not match") for d in details
+    ), details
+
+
+def test_summary_past_max_errors_says_to_delete_and_reextract(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    flip_chunk(store)
+    r = check(clean, store, errors, spot_check_samples=0)
+    path = tmp_path / "report.json"
+    write_json(path, r, default=str)
+    ok, msg = summarize([path], tmp_path / "s.csv", tmp_path / "s.md", max_errors=0)
+    assert not ok
+    assert f"delete it and extract the shard again: rm -rf {store} {errors}" in msg
+    assert "eyrie extract --split train --shard 0" in msg
+
+
+def test_half_deleted_store_is_named_as_such_with_the_fix(clean, tmp_path):
+    store, errors = copy_shard(clean, tmp_path)
+    shutil.rmtree(store / "sample_id")
+    (store / "commit.json").unlink()
+    r = check(clean, store, errors, spot_check_samples=0)
+    (detail,) = [p["detail"] for p in r["problems"] if p["kind"] == "unreadable"]
+    assert "half deleted" in detail and "commit.json, sample_id/zarr.json missing" in detail
+    assert "--forcerun extract" in detail
+    path = tmp_path / "report.json"
+    write_json(path, r, default=str)
+    ok, msg = summarize([path], tmp_path / "s.csv", tmp_path / "s.md", max_errors=0)
+    assert not ok and f"rm -rf {store}" in msg

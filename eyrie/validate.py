@@ -11,7 +11,10 @@ A shard is compared with things that do not come from the extraction:
   hidden_states[-1] is after the final norm). On the same tokens, the lm_head weight read alone
   from the safetensors files must turn the stored final states into the forward's own greedy
   tokens (the rate must reach validate.min_greedy_match): a final state taken before the norm,
-  or from the wrong layer, fails here even when it looks plausible.
+  or from the wrong layer, fails here even when it looks plausible. A store written with
+  extract.precision bitround-N (its precision attribute) is held to a cosine bar relaxed by the
+  rounding's bound (eyrie.store_codecs.cosine_bar: the angles of the two errors add); the report
+  states the precision and the bar used. No check compares hidden-state bits exactly.
 
 The stored states are read straight from the Zarr arrays rather than through the store's reader,
 so each kind of damage is named by itself instead of as one refusal to open. Every problem is a
@@ -34,6 +37,7 @@ import pandas as pd
 import torch
 
 from eyrie.extract import read_errors, read_split, resolve_aux_layer_ids, shard_members
+from eyrie.store_codecs import cosine_bar, stored_mantissa_bits
 
 KINDS = {
     "unreadable": "the store cannot be opened as an Eyrie shard store",
@@ -52,7 +56,8 @@ KINDS = {
     "loss_mask": "the loss mask is not 0/1 or marks no token",
     "non_finite": "a stored value is NaN or Inf",
     "zero_rows": "a token's stored state is all zeros",
-    "cosine": "a spot-checked layer is below validate.min_cosine against a plain forward",
+    "cosine": "a spot-checked layer is below validate.min_cosine (relaxed by the rounding bound "
+    "for a bitround store) against a plain forward",
     "greedy": "lm_head over the final states misses the target's greedy tokens too often",
     "cross_shard": "a sample is stored in more than one shard",
     "errors_table": "the extraction's errors table is missing or unreadable",
@@ -420,8 +425,15 @@ def validate_shard(
             check_values(sid, arr, ref, p)
             decoded.append(s)
 
-    # the target itself
+    # the target itself; a lossy store (attribute precision) is held to a bar relaxed by the
+    # rounding's known bound (eyrie/store_codecs.py)
+    keep = stored_mantissa_bits(raw.attrs) if raw is not None else None
+    bar = cosine_bar(min_cosine, keep)
     report.update(spot_checked=[], cosine={}, min_cosine=None, greedy_match=None, greedy_tokens=0)
+    report.update(
+        precision=(raw.attrs.get("precision") if raw is not None else None) or {"kind": "lossless"},
+        cosine_bar=bar,
+    )
     if decoded and spot_check_samples > 0:
         rng = np.random.default_rng(_seed(split, shard, seed))
         k = min(spot_check_samples, len(decoded))
@@ -429,7 +441,7 @@ def validate_shard(
         target = load_target(target_path, device=device, architecture=architecture)
         lm_head = lm_head_weight(target_path)
         report.update(
-            spot_check(raw, picks, target, expected_aux, lm_head, p, min_cosine, min_greedy_match)
+            spot_check(raw, picks, target, expected_aux, lm_head, p, bar, min_greedy_match)
         )
 
     # sizes

@@ -35,6 +35,7 @@ import torch
 from tqdm import tqdm
 
 from eyrie import atomic
+from eyrie.background_writer import start_writer
 from eyrie.chat_tokens import SampleError, tokenize_chat
 from eyrie.config import config_hash
 from eyrie.store import ShardReader, ShardWriter, StoreError
@@ -76,7 +77,7 @@ class Outcome:
     samples: int = 0
     tokens: int = 0
     errors: dict = field(default_factory=dict)
-    seconds: dict = field(default_factory=dict)  # setup, capture, write, total (this run)
+    seconds: dict = field(default_factory=dict)  # setup, capture, write, wait, total (this run)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,14 +324,18 @@ def extract_shard(
     stop_after_commits: int | None = None,
     progress: bool = True,
     target=None,
+    writer_queue: int = 1,
 ) -> Outcome:
     """Extract shard `shard` of extract.shards from a split file into `out_store`.
 
     `target` may hold the already loaded eyrie.target.Target of `target_path` (to run several
     shards, or a benchmark, with one model); by default the target is loaded here.
+    Compression, checksums and commits run on a writer thread while the next group is captured,
+    with at most `writer_queue` captured groups waiting for it; 0 writes on this thread.
     """
     if capture.get("backend", "hf") == "sglang":  # a served target: eyrie/sglang_client.py
         args = dict(locals())
+        args.pop("writer_queue")  # the SGLang path writes as the dumps arrive
         from eyrie.sglang_client import extract_shard_sglang
 
         return extract_shard_sglang(**args)
@@ -343,7 +348,7 @@ def extract_shard(
             "in-process (backend 'hf')"
         )
     start = time.perf_counter()
-    seconds = dict.fromkeys(("setup", "capture", "write", "total"), 0.0)
+    seconds = dict.fromkeys(("setup", "capture", "write", "wait", "total"), 0.0)
     shards = int(extract["shards"])
     batch_size = int(capture.get("batch_size", 8))
     commit_every = max(batch_size, -(-int(commit_every) // batch_size) * batch_size)
@@ -384,6 +389,7 @@ def extract_shard(
         aux_layer_ids=aux_ids,
         chunk_tokens=int(extract.get("chunk_tokens", 256)),
         shard_tokens=int(extract.get("shard_tokens", 16384)),
+        precision=str(extract.get("precision", "lossless")),
     )
     try:
         groups, bar = resume_plan(
@@ -397,33 +403,48 @@ def extract_shard(
             desc=f"extract {split}/{shard:03d}",
             progress=progress,
         )
-        t0, tokens, commits = time.monotonic(), 0, 0
+        t0, commits, done = time.monotonic(), 0, {"tokens": 0}
         seconds["setup"] = time.perf_counter() - start
-        with HFCapture(target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id) as cap:
+
+        def write_group(group, captured):  # on the writer thread (eyrie/background_writer.py)
+            tick = time.perf_counter()
+            results = {
+                i: out
+                for batch, pending in captured
+                for i, out in zip(batch, pending.result(), strict=True)
+            }
+            for i, g in enumerate(group):
+                aux, final = results[i]
+                if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
+                    errors[g.line] = (g.sample_id, "non_finite", "the target gave NaN or Inf")
+                    continue
+                errors.pop(g.line, None)
+                writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
+                done["tokens"] += len(g.input_ids)
+            writer.commit()
+            write_errors(work_errors, errors)
+            seconds["write"] += time.perf_counter() - tick
+
+        pad_id = target.tokenizer.pad_token_id
+        with (
+            start_writer(writer_queue) as bg,
+            HFCapture(target.model, aux_ids, pad_token_id=pad_id) as cap,
+        ):
             for group in groups:
-                results: dict[int, tuple] = {}
                 tick = time.perf_counter()
-                for batch in _batches(group, batch_size):
-                    outs = cap.capture([group[i].input_ids for i in batch])
-                    results.update(zip(batch, outs, strict=True))
+                captured = [
+                    (batch, cap.capture_pending([group[i].input_ids for i in batch]))
+                    for batch in _batches(group, batch_size)
+                ]
                 seconds["capture"] += time.perf_counter() - tick
-                tick = time.perf_counter()
-                for i, g in enumerate(group):
-                    aux, final = results[i]
-                    if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
-                        errors[g.line] = (g.sample_id, "non_finite", "the target gave NaN or Inf")
-                        continue
-                    errors.pop(g.line, None)
-                    writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
-                    tokens += len(g.input_ids)
-                writer.commit()
-                write_errors(work_errors, errors)
-                seconds["write"] += time.perf_counter() - tick
+                bg.submit(write_group, group, captured)  # commits in order, off this thread
                 commits += 1
                 bar.update(len(group))
-                bar.set_postfix(tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
+                bar.set_postfix(tok_s=f"{done['tokens'] / max(time.monotonic() - t0, 1e-9):.0f}")
                 if stop_after_commits is not None and commits >= stop_after_commits:
+                    bg.wait()  # the commits asked for are on disk
                     raise Interrupted(f"stopped after {commits} commits (as asked)")
+        seconds["wait"] = bg.waited_s
         bar.close()
         writer.finish()
         outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)

@@ -173,6 +173,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
                 progress=False,
                 target=target,
                 writer_queue=q,
+                weights_cache=tmp / f"{label}-weights-sha256.json",
             )
             stored = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
             shutil.rmtree(out_dir)

@@ -131,17 +131,22 @@ class HFCapture:
             ids[row, : len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
             mask[row, : len(seq)] = 1
         device = self._device()
+        cuda = device.type == "cuda"
+        if cuda:  # pinned inputs: the copy is queued behind the previous batch, not waited for
+            ids, mask = ids.pin_memory(), mask.pin_memory()
         self._aux, self._final = {}, []
         try:
             with torch.inference_mode():
                 self.model(
-                    input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False
+                    input_ids=ids.to(device, non_blocking=cuda),
+                    attention_mask=mask.to(device, non_blocking=cuda),
+                    use_cache=False,
                 )
         except _StopForward:
             pass
         aux, final = self._collect()
         self._aux, self._final = {}, []
-        if device.type == "cuda":
+        if cuda:
             stacked = torch.stack(aux, dim=2).to(torch.bfloat16)  # (B, T, k, H)
             final = final.to(torch.bfloat16)  # (B, T, H)
             host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (stacked, final)]

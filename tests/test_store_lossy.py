@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,6 +71,21 @@ def test_rounding_matches_an_independent_computation(keep):
     assert np.array_equal(round_bf16_bits(got, keep), got)
     for special in (0x0000, 0x8000, 0x7F80, 0xFF80, 0x3F80):
         assert round_bf16_bits(np.array([special], np.uint16), keep)[0] == special
+
+
+def test_config_key_in_the_schema():
+    import yaml
+
+    from eyrie.config import ConfigError, check
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
+    assert check(cfg)["extract"]["precision"] == "lossless"  # the default: off
+    cfg["extract"]["precision"] = "bitround-4"
+    assert check(cfg)["extract"]["precision"] == "bitround-4"
+    for bad in ("bitround-7", "fp8", "bitround-12"):
+        cfg["extract"]["precision"] = bad
+        with pytest.raises(ConfigError, match="extract.precision"):
+            check(cfg)
 
 
 def test_cosine_bar():

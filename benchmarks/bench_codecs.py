@@ -225,9 +225,7 @@ def candidates(args) -> list[tuple[str, str, object]]:
         ("planes (exp|sign+mant): exp zstd-3, lo raw", "no", Planes("exp", hi=Zstd(level=3))),
         ("transpose + planes (exp): zstd-1, lo raw", "no", Transposed(Planes("exp"))),
     ]
-    c += [
-        (f"bitround-{n} + new default", "yes", Rounded(n, BloscC(split=True))) for n in args.lossy
-    ]
+    c += [(f"bitround-{n} + default", "yes", Rounded(n, BloscC())) for n in args.lossy]
     return c
 
 

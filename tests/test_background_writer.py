@@ -88,7 +88,7 @@ EXTRACT = {"shards": 1, "chunk_tokens": 32, "shard_tokens": 256}
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("bgw")
-    return build_llama(root / "target", layers=4), write_split(root / "train.jsonl", 10)
+    return build_llama(root / "target", layers=8), write_split(root / "train.jsonl", 10)
 
 
 def run(setup, out, **kw):

@@ -13,7 +13,9 @@ A shard is compared with things that do not come from the extraction:
   tokens (the rate must reach validate.min_greedy_match): a final state taken before the norm,
   or from the wrong layer, fails here even when it looks plausible. A store written with
   extract.precision bitround-N (its precision attribute) is held to a cosine bar relaxed by the
-  rounding's bound (eyrie.store_codecs.cosine_bar: the angles of the two errors add); the report
+  rounding's bound (eyrie.store_codecs.cosine_bar: the angles of the two errors add), and its
+  greedy tokens are compared with lm_head over the forward's final state rounded alike (rounding
+  moves near-ties: the plain forward's own tokens would count those as misses); the report
   states the precision and the bar used. No check compares hidden-state bits exactly.
 
 The stored states are read straight from the Zarr arrays rather than through the store's reader,
@@ -37,7 +39,7 @@ import pandas as pd
 import torch
 
 from eyrie.extract import read_errors, read_split, resolve_aux_layer_ids, shard_members
-from eyrie.store_codecs import cosine_bar, stored_mantissa_bits
+from eyrie.store_codecs import cosine_bar, round_bf16_bits, stored_mantissa_bits
 
 KINDS = {
     "unreadable": "the store cannot be opened as an Eyrie shard store",
@@ -277,7 +279,9 @@ def lm_head_weight(target_path: str | Path) -> tuple[torch.Tensor, torch.Tensor 
     return load(name), load("lm_head.bias")
 
 
-def spot_check(raw, picks, target, aux_ids, lm_head, p: Problems, min_cosine, min_greedy) -> dict:
+def spot_check(
+    raw, picks, target, aux_ids, lm_head, p: Problems, min_cosine, min_greedy, keep=None
+) -> dict:
     """Cosine per stored layer vs output_hidden_states, and greedy tokens via lm_head alone."""
     import torch.nn.functional as F
 
@@ -304,7 +308,11 @@ def spot_check(raw, picks, target, aux_ids, lm_head, p: Problems, min_cosine, mi
             cos = F.cosine_similarity(got.float(), ref.float(), dim=-1, eps=1e-12)
             worst[name] = min(worst[name], float(cos.min()))
         logits = final @ w.T + (b if b is not None else 0)
-        match += int((logits.argmax(-1) == out.logits[0].float().argmax(-1)).sum())
+        want = out.logits[0].float().argmax(-1)
+        if keep is not None:  # a rounded store: the forward's own final state, rounded alike
+            ref = _rounded(out.hidden_states[-1][0], keep).to(dev)
+            want = (ref @ w.T + (b if b is not None else 0)).argmax(-1)
+        match += int((logits.argmax(-1) == want).sum())
         total += ids.shape[1]
     for name, value in worst.items():
         if picks and value < min_cosine:
@@ -320,6 +328,14 @@ def spot_check(raw, picks, target, aux_ids, lm_head, p: Problems, min_cosine, mi
         "greedy_match": rate,
         "greedy_tokens": total,
     }
+
+
+def _rounded(states: torch.Tensor, keep: int) -> torch.Tensor:
+    """float32 of bf16 states rounded to `keep` mantissa bits, as a bitround store holds them."""
+    from eyrie.store import bf16_bits
+
+    bits = round_bf16_bits(bf16_bits(states.float().cpu()), keep)
+    return torch.from_numpy(bf16_to_f32(bits))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,7 +457,7 @@ def validate_shard(
         target = load_target(target_path, device=device, architecture=architecture)
         lm_head = lm_head_weight(target_path)
         report.update(
-            spot_check(raw, picks, target, expected_aux, lm_head, p, bar, min_greedy_match)
+            spot_check(raw, picks, target, expected_aux, lm_head, p, bar, min_greedy_match, keep)
         )
 
     # sizes

@@ -223,9 +223,8 @@ def _validate(lossy, store, **kw):
         shards=1,
         max_tokens=80,
         spot_check_samples=8,
-        min_greedy_match=0.5,
         device="cpu",
-        **kw,
+        **{"min_greedy_match": 0.5, **kw},
     )
 
 
@@ -262,3 +261,18 @@ def test_validate_applies_the_rounding_tolerance(lossy, tmp_path):
     (fake / "zarr.json").write_text(json.dumps(meta))
     bad = _validate(lossy, fake, min_cosine=strict)
     assert bad["error_counts"].get("cosine", 0) >= 1
+
+
+def test_validate_still_catches_a_wrong_final_state_in_a_lossy_store(lossy, tmp_path):
+    import zarr
+
+    stores = lossy[3]
+    ok = _validate(lossy, stores["bitround-2"], min_cosine=0.999, min_greedy_match=0.98)
+    assert not {"cosine", "greedy"} & set(ok["error_counts"]), ok["problems"]
+    assert ok["greedy_match"] >= 0.98  # against the forward's state rounded alike
+    bad = shutil.copytree(stores["bitround-2"], tmp_path / "wrong-final.zarr")
+    shutil.copy(stores["bitround-2"].with_suffix(".csv"), bad.with_suffix(".csv"))
+    group = zarr.open_group(str(bad), mode="r+")
+    group["final_hidden"][:] = group["aux_hidden"][:, 2, :]  # a layer output, not the final norm
+    r = _validate(lossy, bad, min_cosine=0.999, min_greedy_match=0.98)
+    assert r["error_counts"].get("cosine", 0) == 1 and r["error_counts"].get("greedy", 0) == 1

@@ -1,5 +1,12 @@
 """Extraction time against a bare forward pass of the same batches (goal: at most 1.10x).
 
+Each run measures extraction twice in the same process, alternating: with the writer thread
+(`writer_queue` 1, the default: compression, checksums and fsync overlap the next group's
+forward passes) and inline (`writer_queue` 0, as before), so the before/after ratio comes from
+one run. `--width realistic` adds a random-weight Llama of Llama-3-8B's layer shape (hidden
+4096, 14336 MLP, 32 heads, 8 KV heads; --layers of them, bf16 on CUDA) with the toy tokenizer,
+run on the same chat samples (their real lengths).
+
 The baseline runs the target on exactly the batches extraction runs (same samples, same padding,
 same order), with no hooks and nothing kept: the cost any capture must pay. Extraction is timed
 by eyrie.extract itself, without its setup (model load, tokenization, hashing): capture (forward
@@ -9,7 +16,7 @@ with the machine. On a shared machine, run it when nothing else does: the ratio 
 steady as the CPU is free.
 
     python benchmarks/bench_extract.py                    # shipped toy-llama, CPU
-    python benchmarks/bench_extract.py --device cuda --samples 1024
+    python benchmarks/bench_extract.py --device cuda --samples 512 --width toy realistic
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -32,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tiny_target, for a stand-in when toy-llama is absent
 
 from eyrie.extract import _batches, _groups, _tokenize, extract_shard, read_split  # noqa: E402
-from eyrie.target import load_target  # noqa: E402
+from eyrie.target import load_target, resolve_device  # noqa: E402
 
 
 def machine(device: str) -> str:
@@ -91,6 +99,128 @@ def bare_forward(model, batches, pad_id: int, device) -> float:
     return time.perf_counter() - start
 
 
+def build_realistic(out: Path, layers: int, device: str) -> Path:
+    """A random Llama of Llama-3-8B's layer shape with toy-llama's tokenizer (bf16 weights)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    toy = ROOT / "models" / "toy-llama"
+    cfg = json.loads((toy / "config.json").read_text())
+    config = LlamaConfig(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=4096,
+        bos_token_id=cfg["bos_token_id"],
+        eos_token_id=cfg["eos_token_id"],
+        pad_token_id=cfg["pad_token_id"],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+    for f in toy.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy2(f, out / f.name)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
+    target = load_target(target_path, device=args.device)
+    capture = {
+        "backend": "hf",
+        "aux_layer_ids": None,
+        "device": args.device,
+        "batch_size": args.batch_size,
+    }
+    extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": 16384}
+    commit_every = max(args.batch_size, -(-args.commit_every // args.batch_size) * args.batch_size)
+    good, _ = _tokenize(target.tokenizer, read_split(data), args.max_tokens)
+    batches = [
+        [group[i].input_ids for i in batch]
+        for group in _groups(good, commit_every, set(), set())
+        for batch in _batches(group, args.batch_size)
+    ]
+    pad = target.tokenizer.pad_token_id or 0
+    tokens = sum(len(g.input_ids) for g in good)
+    base = target.model.get_decoder()  # the same stack without the lm_head
+    bare_forward(target.model, batches[:2], pad, target.device)  # warm-up
+    bare_forward(base, batches[:2], pad, target.device)
+
+    bare, bare_base, runs = [], [], {q: [] for q in args.writer_queue}
+    for r in range(args.repeats):
+        bare.append(bare_forward(target.model, batches, pad, target.device))
+        bare_base.append(bare_forward(base, batches, pad, target.device))
+        for q in args.writer_queue:
+            out_dir = tmp / f"{label}-q{q}-run{r}"
+            out = extract_shard(
+                data_path=data,
+                target_path=target_path,
+                split="train",
+                shard=0,
+                out_store=out_dir / "shard-000.zarr",
+                errors_csv=out_dir / "shard-000.errors.csv",
+                capture=capture,
+                extract=extract,
+                max_tokens=args.max_tokens,
+                commit_every=args.commit_every,
+                progress=False,
+                target=target,
+                writer_queue=q,
+                weights_cache=tmp / f"{label}-weights-sha256.json",
+            )
+            stored = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
+            shutil.rmtree(out_dir)
+            runs[q].append({**out.seconds, "stored": stored})
+
+    med = statistics.median
+    b, bb = med(bare), med(bare_base)
+    params = sum(p.numel() for p in target.model.parameters()) / 1e6
+    hidden = target.model.config.get_text_config().hidden_size
+    print(
+        f"\n## {label}: {target_path.name}, {params:.1f} M params, hidden {hidden}, "
+        f"{target.dtype}, {target.device}"
+    )
+    print(
+        f"workload: {len(good)} samples, {tokens} tokens, {len(batches)} batches of <= "
+        f"{args.batch_size}, max_tokens {args.max_tokens}, commit every {commit_every} samples, "
+        f"{args.repeats} repeats (median)"
+    )
+    print(f"bare forward (full model):      {b:8.3f} s  {tokens / b:10.0f} tok/s")
+    print(f"bare forward (no lm_head):      {bb:8.3f} s  {tokens / bb:10.0f} tok/s")
+    result = {"tokens": tokens, "bare": b, "bare_base": bb}
+    for q, rs in runs.items():
+        how = "inline writes (before)" if q == 0 else f"writer thread, queue {q}"
+        loop = med(s["total"] - s["setup"] for s in rs)
+        cap, wr, wait = (med(s[k] for s in rs) for k in ("capture", "write", "wait"))
+        stored = rs[0]["stored"]
+        print(
+            f"extract, {how}: {loop:8.3f} s  {tokens / loop:10.0f} tok/s | capture {cap:.3f} s, "
+            f"write+commit {wr:.3f} s, forward thread waiting for the writer {wait:.3f} s | "
+            f"store {stored / tokens:.0f} B/token"
+        )
+        print(
+            f"  ratio extract / bare forward: {loop / b:.3f}x (goal <= 1.10x: "
+            f"{'met' if loop / b <= 1.10 else 'NOT met'}); / forward without lm_head "
+            f"{loop / bb:.3f}x"
+        )
+        result[q] = loop
+    if 0 in runs and len(runs) > 1:
+        for q in runs:
+            if q:
+                print(f"  writer thread (queue {q}) vs inline: {result[q] / result[0]:.3f}x time")
+    del target
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", help="HF folder (default: models/toy-llama)")
@@ -102,87 +232,33 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument(
+        "--writer-queue",
+        type=int,
+        nargs="+",
+        default=[1, 0],
+        help="extract's writer_queue values to run (0: inline writes, as before)",
+    )
+    ap.add_argument("--width", nargs="+", default=["toy"], choices=["toy", "realistic"])
+    ap.add_argument("--layers", type=int, default=8, help="layers of the realistic model")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    print(f"machine:  {machine(resolve_device(args.device).type)}")
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        target_path = target_dir(args.target, tmp)
         data = split_file(args.data, args.samples, tmp)
-        target = load_target(target_path, device=args.device)
-        capture = {
-            "backend": "hf",
-            "aux_layer_ids": None,
-            "device": args.device,
-            "batch_size": args.batch_size,
-        }
-        extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": 16384}
-        commit_every = max(
-            args.batch_size, -(-args.commit_every // args.batch_size) * args.batch_size
-        )
-        good, _ = _tokenize(target.tokenizer, read_split(data), args.max_tokens)
-        batches = [
-            [group[i].input_ids for i in batch]
-            for group in _groups(good, commit_every, set(), set())
-            for batch in _batches(group, args.batch_size)
-        ]
-        pad = target.tokenizer.pad_token_id or 0
-        tokens = sum(len(g.input_ids) for g in good)
-        bare_forward(target.model, batches[:2], pad, target.device)  # warm-up
-
-        base = target.model.get_decoder()  # the same stack without the lm_head
-        bare, bare_base, runs = [], [], []
-        for r in range(args.repeats):
-            bare.append(bare_forward(target.model, batches, pad, target.device))
-            bare_base.append(bare_forward(base, batches, pad, target.device))
-            out = extract_shard(
-                data_path=data,
-                target_path=target_path,
-                split="train",
-                shard=0,
-                out_store=tmp / f"run{r}" / "shard-000.zarr",
-                errors_csv=tmp / f"run{r}" / "shard-000.errors.csv",
-                capture=capture,
-                extract=extract,
-                max_tokens=args.max_tokens,
-                commit_every=args.commit_every,
-                progress=False,
-                target=target,
-            )
-            runs.append(out.seconds)
-        stored = sum(f.stat().st_size for f in (tmp / "run0").rglob("*") if f.is_file())
-
-    med = statistics.median
-    b = med(bare)
-    cap = med(s["capture"] for s in runs)
-    wr = med(s["write"] for s in runs)
-    loop = med(s["total"] - s["setup"] for s in runs)
-    print(f"machine:  {machine(target.device.type)}")
-    print(
-        f"target:   {target_path} ({sum(p.numel() for p in target.model.parameters()) / 1e6:.1f} M "
-        f"params, {target.dtype}, {target.device})"
-    )
-    print(
-        f"workload: {len(good)} samples, {tokens} tokens, {len(batches)} batches of <= "
-        f"{args.batch_size}, max_tokens {args.max_tokens}, {args.repeats} repeats (median)"
-    )
-    print(f"bare forward (full model):      {b:8.3f} s  {tokens / b:9.0f} tok/s")
-    bb = med(bare_base)
-    print(f"bare forward (no lm_head):      {bb:8.3f} s  {tokens / bb:9.0f} tok/s")
-    print(f"extract: capture                {cap:8.3f} s")
-    print(f"extract: write + commit         {wr:8.3f} s")
-    print(f"extract: loop (capture+write+finish) {loop:8.3f} s  {tokens / loop:9.0f} tok/s")
-    print(f"store size: {stored / 1e6:.2f} MB ({stored / tokens:.0f} B/token)")
-    print(
-        f"ratio extract / bare forward without lm_head: {loop / bb:.3f}x (capture alone "
-        f"{cap / bb:.3f}x: the hooks' own cost)"
-    )
-    ratio = loop / b
-    print(
-        f"ratio extract / bare forward:   {ratio:.3f}x  (goal <= 1.10x: "
-        f"{'met' if ratio <= 1.10 else 'NOT met'})"
-    )
+        for width in args.width:
+            if width == "toy":
+                path = target_dir(args.target, tmp)
+            else:
+                t0 = time.perf_counter()
+                path = build_realistic(tmp / "llama-4096", args.layers, args.device)
+                print(f"\n(random realistic-width Llama built in {time.perf_counter() - t0:.0f} s)")
+            measure(path, data, tmp, args, width)
+    print(f"\ntotal wall time {time.perf_counter() - start:.0f} s")
     return 0
 
 

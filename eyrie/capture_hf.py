@@ -37,6 +37,19 @@ def _first_tensor(output) -> torch.Tensor:
     raise CaptureError(f"a hooked module returned {type(output).__name__}, not a hidden state")
 
 
+class Pending:
+    """Captured states whose copy to the host may still be running (see capture_pending)."""
+
+    def __init__(self, rows: list, event):
+        self._rows, self._event = rows, event
+
+    def result(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self._rows
+
+
 class HFCapture:
     """Hooks installed on a loaded transformers model; call `capture` on batches of token ids."""
 
@@ -95,6 +108,18 @@ class HFCapture:
         """For each sequence: aux (T, k, H) and final (T, H), bfloat16 on the CPU."""
         if not sequences:
             return []
+        return self.capture_pending(sequences).result()
+
+    def capture_pending(self, sequences: Sequence[np.ndarray]) -> Pending:
+        """Like capture, but on CUDA the copies to the host are still under way when it returns.
+
+        The states are copied (non_blocking) into pinned host buffers behind the forward pass
+        on the current stream, so the next batch's forward is queued without waiting for them;
+        ``result()`` waits for the copy (a CUDA event), typically on the writer thread. On the
+        CPU the result is ready at once.
+        """
+        if not sequences:
+            return Pending([], None)
         if not self._handles:
             raise CaptureError("the capture hooks were removed (close() was called)")
         lengths = [len(s) for s in sequences]
@@ -106,19 +131,35 @@ class HFCapture:
             ids[row, : len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
             mask[row, : len(seq)] = 1
         device = self._device()
+        cuda = device.type == "cuda"
+        if cuda:  # pinned inputs: the copy is queued behind the previous batch, not waited for
+            ids, mask = ids.pin_memory(), mask.pin_memory()
         self._aux, self._final = {}, []
         try:
             with torch.inference_mode():
                 self.model(
-                    input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False
+                    input_ids=ids.to(device, non_blocking=cuda),
+                    attention_mask=mask.to(device, non_blocking=cuda),
+                    use_cache=False,
                 )
         except _StopForward:
             pass
         aux, final = self._collect()
         self._aux, self._final = {}, []
+        if cuda:
+            stacked = torch.stack(aux, dim=2).to(torch.bfloat16)  # (B, T, k, H)
+            final = final.to(torch.bfloat16)  # (B, T, H)
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (stacked, final)]
+            host[0].copy_(stacked, non_blocking=True)
+            host[1].copy_(final, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            # each row is a view of its own pinned buffer, which is never reused
+            return Pending([(host[0][r, :n], host[1][r, :n]) for r, n in enumerate(lengths)], done)
         stacked = torch.stack(aux, dim=2).to("cpu", torch.bfloat16)  # (B, T, k, H)
         final = final.to("cpu", torch.bfloat16)  # (B, T, H)
-        return [(stacked[r, :n].clone(), final[r, :n].clone()) for r, n in enumerate(lengths)]
+        rows = [(stacked[r, :n].clone(), final[r, :n].clone()) for r, n in enumerate(lengths)]
+        return Pending(rows, None)
 
     def _collect(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         for slot, layer in enumerate(self.aux_layer_ids):

@@ -37,6 +37,7 @@ import torch
 from tqdm import tqdm
 
 from eyrie import atomic
+from eyrie.background_writer import start_writer
 from eyrie.chat_tokens import SampleError, tokenize_chat
 from eyrie.config import config_hash
 from eyrie.disk_full import for_extract, is_disk_full
@@ -84,7 +85,7 @@ class Outcome:
     errors: dict = field(default_factory=dict)
     truncated: int = 0  # samples cut at dataset.max_tokens (stored cut)
     tokens_cut: int = 0  # the tokens those cuts dropped
-    seconds: dict = field(default_factory=dict)  # setup, capture, write, total (this run)
+    seconds: dict = field(default_factory=dict)  # setup, capture, write, wait, total (this run)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,14 +345,18 @@ def extract_shard(
     stop_after_commits: int | None = None,
     progress: bool = True,
     target=None,
+    writer_queue: int = 1,
 ) -> Outcome:
     """Extract shard `shard` of extract.shards from a split file into `out_store`.
 
     `target` may hold the already loaded eyrie.target.Target of `target_path` (to run several
     shards, or a benchmark, with one model); by default the target is loaded here.
+    Compression, checksums and commits run on a writer thread while the next group is captured,
+    with at most `writer_queue` captured groups waiting for it; 0 writes on this thread.
     """
     if capture.get("backend", "hf") == "sglang":  # a served target: eyrie/sglang_client.py
         args = dict(locals())
+        args.pop("writer_queue")  # the SGLang path writes as the dumps arrive
         from eyrie.sglang_client import extract_shard_sglang
 
         return extract_shard_sglang(**args)
@@ -364,7 +369,7 @@ def extract_shard(
             "in-process (backend 'hf')"
         )
     start = time.perf_counter()
-    seconds = dict.fromkeys(("setup", "capture", "write", "total"), 0.0)
+    seconds = dict.fromkeys(("setup", "capture", "write", "wait", "total"), 0.0)
     shards = int(extract["shards"])
     batch_size = int(capture.get("batch_size", 8))
     commit_every = max(batch_size, -(-int(commit_every) // batch_size) * batch_size)
@@ -411,6 +416,7 @@ def extract_shard(
             aux_layer_ids=aux_ids,
             chunk_tokens=int(extract.get("chunk_tokens", 256)),
             shard_tokens=int(extract.get("shard_tokens", 16384)),
+            precision=str(extract.get("precision", "lossless")),
         )
         try:
             groups, bar = resume_plan(
@@ -424,39 +430,49 @@ def extract_shard(
                 desc=f"extract {split}/{shard:03d}",
                 progress=progress,
             )
-            t0, tokens, commits = time.monotonic(), 0, 0
+            t0, commits, done = time.monotonic(), 0, {"tokens": 0}
             seconds["setup"] = time.perf_counter() - start
-            with HFCapture(
-                target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id
-            ) as cap:
+
+            def write_group(group, captured):  # on the writer thread (eyrie/background_writer.py)
+                tick = time.perf_counter()
+                results = {
+                    i: out
+                    for batch, pending in captured
+                    for i, out in zip(batch, pending.result(), strict=True)
+                }
+                for i, g in enumerate(group):
+                    aux, final = results[i]
+                    if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
+                        errors[g.line] = (g.sample_id, "non_finite", "the target gave NaN or Inf")
+                        continue
+                    errors.pop(g.line, None)
+                    writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
+                    done["tokens"] += len(g.input_ids)
+                writer.commit()
+                write_errors(work_errors, errors, sources)
+                seconds["write"] += time.perf_counter() - tick
+
+            pad_id = target.tokenizer.pad_token_id
+            with (
+                start_writer(writer_queue) as bg,
+                HFCapture(target.model, aux_ids, pad_token_id=pad_id) as cap,
+            ):
                 for group in groups:
-                    results: dict[int, tuple] = {}
                     tick = time.perf_counter()
-                    for batch in _batches(group, batch_size):
-                        outs = cap.capture([group[i].input_ids for i in batch])
-                        results.update(zip(batch, outs, strict=True))
+                    captured = [
+                        (batch, cap.capture_pending([group[i].input_ids for i in batch]))
+                        for batch in _batches(group, batch_size)
+                    ]
                     seconds["capture"] += time.perf_counter() - tick
-                    tick = time.perf_counter()
-                    for i, g in enumerate(group):
-                        aux, final = results[i]
-                        if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
-                            errors[g.line] = (
-                                g.sample_id,
-                                "non_finite",
-                                "the target gave NaN or Inf",
-                            )
-                            continue
-                        errors.pop(g.line, None)
-                        writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
-                        tokens += len(g.input_ids)
-                    writer.commit()
-                    write_errors(work_errors, errors, sources)
-                    seconds["write"] += time.perf_counter() - tick
+                    bg.submit(write_group, group, captured)  # commits in order, off this thread
                     commits += 1
                     bar.update(len(group))
-                    bar.set_postfix(tok_s=f"{tokens / max(time.monotonic() - t0, 1e-9):.0f}")
+                    rate = done["tokens"] / max(time.monotonic() - t0, 1e-9)
+                    bar.set_postfix(tok_s=f"{rate:.0f}")
                     if stop_after_commits is not None and commits >= stop_after_commits:
+                        bg.wait()  # the commits asked for are on disk
                         raise Interrupted(f"stopped after {commits} commits (as asked)")
+            seconds["wait"] = bg.waited_s
             bar.close()
             writer.finish()
             outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)

@@ -574,6 +574,7 @@ def extract_shard_sglang(
             aux_layer_ids=aux_ids,
             chunk_tokens=int(extract.get("chunk_tokens", 256)),
             shard_tokens=int(extract.get("shard_tokens", 16384)),
+            precision=str(extract.get("precision", "lossless")),
         )
         rid_prefix = f"{s['rid_prefix']}{split}.{shard:03d}:"
         log_dir = Path(s["log_dir"]) if s["log_dir"] else errors_csv.parent

@@ -29,7 +29,16 @@ from typing import Any
 import numpy as np
 import torch
 import zarr
-from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
+
+from eyrie.store_codecs import WRITE_CONFIG as _WRITE_CONFIG
+from eyrie.store_codecs import (
+    PrecisionError,
+    mantissa_bits,
+    precision_attrs,
+    round_bf16_bits,
+    stored_mantissa_bits,
+)
+from eyrie.store_codecs import create_arrays as _create_arrays
 
 from eyrie.store_lock import StoreLock
 
@@ -38,11 +47,8 @@ COMMIT_RECORD = "commit.json"
 TOKEN_ARRAYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden")
 SAMPLE_ARRAYS = ("offsets", "sample_id")
 ALL_ARRAYS = TOKEN_ARRAYS + SAMPLE_ARRAYS
-SAMPLE_CHUNK = 4096  # chunk length of the per-sample arrays (offsets, sample_id)
-BLOSC_BLOCKSIZE = 1 << 20  # 1 MiB blocks: ~1.44x on bf16 activations vs ~1.26x at Blosc's default
 _OUR_TMP = ".eyrie-tmp"
 _ZARR_TMP = re.compile(r"\.[0-9a-f]{32}\.partial$")  # zarr's LocalStore temp names
-_WRITE_CONFIG = {"write_empty_chunks": True}  # every chunk exists, so a missing file is damage
 
 
 class StoreError(RuntimeError):
@@ -178,67 +184,6 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
-def _create_arrays(
-    group: zarr.Group, k: int, hidden: int, chunk_tokens: int, shard_tokens: int
-) -> None:
-    """The six arrays, empty (length 0 on the token and sample axes)."""
-    ser = BytesCodec()
-
-    def blosc(typesize: int) -> list:
-        return [
-            BloscCodec(
-                cname="zstd",
-                clevel=1,
-                shuffle="shuffle",
-                typesize=typesize,
-                blocksize=BLOSC_BLOCKSIZE,
-            ),
-            Crc32cCodec(),
-        ]
-
-    def token_array(name, dtype, tail, typesize, dims, attrs=None):
-        group.create_array(
-            name,
-            shape=(0, *tail),
-            dtype=dtype,
-            chunks=(chunk_tokens, *tail),
-            shards=(shard_tokens, *tail),
-            serializer=ser,
-            compressors=blosc(typesize),
-            fill_value=0,
-            dimension_names=dims,
-            attributes=attrs or {},
-            config=_WRITE_CONFIG,
-        )
-
-    bf16 = {"dtype": "bfloat16", "encoding": "uint16 holds the bfloat16 bit pattern"}
-    token_array("input_ids", "int32", (), 4, ("token",))
-    token_array("loss_mask", "uint8", (), 1, ("token",))
-    token_array("aux_hidden", "uint16", (k, hidden), 2, ("token", "aux_layer", "hidden"), bf16)
-    token_array("final_hidden", "uint16", (hidden,), 2, ("token", "hidden"), bf16)
-    offsets = group.create_array(
-        "offsets",
-        shape=(1,),
-        dtype="int64",
-        chunks=(SAMPLE_CHUNK,),
-        serializer=ser,
-        compressors=[ZstdCodec(level=1), Crc32cCodec()],
-        fill_value=0,
-        dimension_names=("sample_edge",),
-        config=_WRITE_CONFIG,
-    )
-    offsets[0:1] = np.zeros(1, dtype=np.int64)  # offsets[0] = 0, stored as a real chunk
-    group.create_array(
-        "sample_id",
-        shape=(0,),
-        dtype=str,
-        chunks=(SAMPLE_CHUNK,),
-        compressors=[ZstdCodec(level=1), Crc32cCodec()],
-        dimension_names=("sample",),
-        config=_WRITE_CONFIG,
-    )
-
-
 def _expected_chunk_files(arr: zarr.Array, length: int, start: int = 0) -> list[str]:
     """Relative paths of the chunk (or shard) files holding entries [start, length)."""
     outer = arr.metadata.chunk_grid.chunk_shape[0]
@@ -296,9 +241,15 @@ class ShardWriter:
         chunk_tokens: int = 256,
         shard_tokens: int = 16384,
         lock: StoreLock | None = None,
+        precision: str = "lossless",
     ):
         self.path = Path(path)
         self._closed = False
+        try:  # lossless, or bitround-N: N mantissa bits kept (eyrie/store_codecs.py)
+            self.mantissa_bits = mantissa_bits(precision)
+        except PrecisionError as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
+        self.precision = precision_attrs(precision)
         self._check_params(hidden_size, aux_layer_ids, provenance, chunk_tokens, shard_tokens)
         self.hidden_size = int(hidden_size)
         self.aux_layer_ids = [int(i) for i in aux_layer_ids]
@@ -383,6 +334,7 @@ class ShardWriter:
                     "chunk_tokens": int(chunk_tokens),
                     "shard_tokens": int(shard_tokens),
                     "complete": False,
+                    "precision": self.precision,
                     "provenance": self.provenance,
                 }
             )
@@ -423,6 +375,11 @@ class ShardWriter:
             raise StoreError(
                 f"{p} holds aux_layer_ids {attrs.get('aux_layer_ids')}, this writer has "
                 f"{self.aux_layer_ids}; delete {p} to re-extract with the new layers"
+            )
+        if stored_mantissa_bits(attrs) != self.mantissa_bits:
+            raise StoreError(
+                f"{p} holds precision {attrs.get('precision', 'lossless')}, this writer "
+                f"{self.precision}; delete {p} to re-extract at the new precision"
             )
         old = attrs.get("provenance")
         if old != self.provenance:
@@ -524,6 +481,8 @@ class ShardWriter:
         k, h = len(self.aux_layer_ids), self.hidden_size
         aux = self._bits(aux_hidden, "aux_hidden", (n_tok, k, h), who)
         fin = self._bits(final_hidden, "final_hidden", (n_tok, h), who)
+        if self.mantissa_bits is not None:  # the lossy precision: rounded before compression
+            aux, fin = (round_bf16_bits(x, self.mantissa_bits) for x in (aux, fin))
         self._buffer.append((sample_id, ids.astype(np.int32), mask.astype(np.uint8), aux, fin))
         self._buffered_ids.add(sample_id)
         self._buffered_tokens += n_tok

@@ -11,7 +11,12 @@ A shard is compared with things that do not come from the extraction:
   hidden_states[-1] is after the final norm). On the same tokens, the lm_head weight read alone
   from the safetensors files must turn the stored final states into the forward's own greedy
   tokens (the rate must reach validate.min_greedy_match): a final state taken before the norm,
-  or from the wrong layer, fails here even when it looks plausible.
+  or from the wrong layer, fails here even when it looks plausible. A store written with
+  extract.precision bitround-N (its precision attribute) is held to a cosine bar relaxed by the
+  rounding's bound (eyrie.store_codecs.cosine_bar: the angles of the two errors add), and its
+  greedy tokens are compared with lm_head over the forward's final state rounded alike (rounding
+  moves near-ties: the plain forward's own tokens would count those as misses); the report
+  states the precision and the bar used. No check compares hidden-state bits exactly.
 
 The stored states are read straight from the Zarr arrays rather than through the store's reader,
 so each kind of damage is named by itself instead of as one refusal to open. Every problem is a
@@ -34,6 +39,7 @@ import pandas as pd
 import torch
 
 from eyrie.extract import read_errors, read_split, resolve_aux_layer_ids, shard_members
+from eyrie.store_codecs import cosine_bar, round_bf16_bits, stored_mantissa_bits
 
 KINDS = {
     "unreadable": "the store cannot be opened as an Eyrie shard store",
@@ -52,7 +58,8 @@ KINDS = {
     "loss_mask": "the loss mask is not 0/1 or marks no token",
     "non_finite": "a stored value is NaN or Inf",
     "zero_rows": "a token's stored state is all zeros",
-    "cosine": "a spot-checked layer is below validate.min_cosine against a plain forward",
+    "cosine": "a spot-checked layer is below validate.min_cosine (relaxed by the rounding bound "
+    "for a bitround store) against a plain forward",
     "greedy": "lm_head over the final states misses the target's greedy tokens too often",
     "cross_shard": "a sample is stored in more than one shard",
     "errors_table": "the extraction's errors table is missing or unreadable",
@@ -290,7 +297,9 @@ def lm_head_weight(target_path: str | Path) -> tuple[torch.Tensor, torch.Tensor 
     return load(name), load("lm_head.bias")
 
 
-def spot_check(raw, picks, target, aux_ids, lm_head, p: Problems, min_cosine, min_greedy) -> dict:
+def spot_check(
+    raw, picks, target, aux_ids, lm_head, p: Problems, min_cosine, min_greedy, keep=None
+) -> dict:
     """Cosine per stored layer vs output_hidden_states, and greedy tokens via lm_head alone."""
     import torch.nn.functional as F
 
@@ -317,7 +326,11 @@ def spot_check(raw, picks, target, aux_ids, lm_head, p: Problems, min_cosine, mi
             cos = F.cosine_similarity(got.float(), ref.float(), dim=-1, eps=1e-12)
             worst[name] = min(worst[name], float(cos.min()))
         logits = final @ w.T + (b if b is not None else 0)
-        match += int((logits.argmax(-1) == out.logits[0].float().argmax(-1)).sum())
+        want = out.logits[0].float().argmax(-1)
+        if keep is not None:  # a rounded store: the forward's own final state, rounded alike
+            ref = _rounded(out.hidden_states[-1][0], keep).to(dev)
+            want = (ref @ w.T + (b if b is not None else 0)).argmax(-1)
+        match += int((logits.argmax(-1) == want).sum())
         total += ids.shape[1]
     for name, value in worst.items():
         if picks and value < min_cosine:
@@ -333,6 +346,14 @@ def spot_check(raw, picks, target, aux_ids, lm_head, p: Problems, min_cosine, mi
         "greedy_match": rate,
         "greedy_tokens": total,
     }
+
+
+def _rounded(states: torch.Tensor, keep: int) -> torch.Tensor:
+    """float32 of bf16 states rounded to `keep` mantissa bits, as a bitround store holds them."""
+    from eyrie.store import bf16_bits
+
+    bits = round_bf16_bits(bf16_bits(states.float().cpu()), keep)
+    return torch.from_numpy(bf16_to_f32(bits))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,8 +463,15 @@ def validate_shard(
             check_values(sid, arr, ref, p)
             decoded.append(s)
 
-    # the target itself
+    # the target itself; a lossy store (attribute precision) is held to a bar relaxed by the
+    # rounding's known bound (eyrie/store_codecs.py)
+    keep = stored_mantissa_bits(raw.attrs) if raw is not None else None
+    bar = cosine_bar(min_cosine, keep)
     report.update(spot_checked=[], cosine={}, min_cosine=None, greedy_match=None, greedy_tokens=0)
+    report.update(
+        precision=(raw.attrs.get("precision") if raw is not None else None) or {"kind": "lossless"},
+        cosine_bar=bar,
+    )
     if decoded and spot_check_samples > 0:
         rng = np.random.default_rng(_seed(split, shard, seed))
         k = min(spot_check_samples, len(decoded))
@@ -451,7 +479,7 @@ def validate_shard(
         target = load_target(target_path, device=device, architecture=architecture)
         lm_head = lm_head_weight(target_path)
         report.update(
-            spot_check(raw, picks, target, expected_aux, lm_head, p, min_cosine, min_greedy_match)
+            spot_check(raw, picks, target, expected_aux, lm_head, p, bar, min_greedy_match, keep)
         )
 
     # sizes

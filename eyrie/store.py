@@ -39,7 +39,6 @@ from eyrie.store_codecs import (
     stored_mantissa_bits,
 )
 from eyrie.store_codecs import create_arrays as _create_arrays
-
 from eyrie.store_lock import StoreLock
 
 STORE_VERSION = 1

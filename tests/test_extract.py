@@ -189,11 +189,11 @@ DRIVER = textwrap.dedent(
 
     slow = float(sys.argv[2])
     if slow:
-        orig = cap.HFCapture.capture
-        def capture(self, seqs):
+        orig = cap.HFCapture.capture_pending  # the extract loop's (and capture()'s) entry
+        def capture_pending(self, seqs):
             time.sleep(slow)
             return orig(self, seqs)
-        cap.HFCapture.capture = capture
+        cap.HFCapture.capture_pending = capture_pending
     out = sys.argv[1]
     extract_shard(data_path=sys.argv[3], target_path=sys.argv[4], split="train", shard=0,
                   out_store=out + "/shard-000.zarr", errors_csv=out + "/shard-000.errors.csv",

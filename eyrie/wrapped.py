@@ -66,51 +66,63 @@ def language_model_config(path: str | Path, arch: str):
     return cls.config_class(**text)
 
 
-def language_state_dict(path: str | Path, arch: str) -> dict[str, torch.Tensor]:
-    """The language model's tensors, renamed as the language model names them."""
+def check_tensor_names(path: str | Path, arch: str) -> None:
+    """Every tensor of the wrapper's weight files is the language model's or a vision one;
+    read from the files' headers alone, before any tensor is loaded."""
     from safetensors import safe_open
 
     from eyrie.target import KEY, weight_files
 
     w = WRAPPERS[arch]
-    out: dict[str, torch.Tensor] = {}
     for f in weight_files(path):
         with safe_open(str(f), framework="pt") as st:
-            names = list(st.keys())
-            for name in names:
+            for name in st.keys():  # noqa: SIM118 - safe_open is not a dict
                 if not name.startswith((w.prefix, *w.skipped)):
                     raise _error(
                         f"{KEY}: {f} holds {name!r}, which is neither the language model's "
                         f"({w.prefix}...) nor a vision tensor ({', '.join(w.skipped)}); is "
                         f"this a {arch} checkpoint?"
                     )
-            for name in names:
-                if name.startswith(w.prefix):  # the vision tensors are never read
-                    out[name[len(w.prefix) :]] = st.get_tensor(name)
-    return out
 
 
 def load_language_model(path: str | Path, arch: str, device: torch.device, dtype: torch.dtype):
     """The wrapper's language model as a transformers model in eval mode, weights loaded
-    strictly (every parameter and persistent buffer, nothing else)."""
+    strictly (every parameter and persistent buffer, nothing but the vision tensors left).
+
+    The tensors are read by transformers' own `from_pretrained`, with the wrapper's prefix
+    mapped away: a checkpoint names its tensors as published (DeepSeek-V3's experts one by
+    one, `mlp.experts.E.gate_proj.weight`), which is the form SGLang loads too, and only
+    from_pretrained converts that to the module layout of the installed transformers.
+    """
+    import re
+
     import transformers
 
     from eyrie.target import KEY
 
     w = WRAPPERS[arch]
     config = language_model_config(path, arch)
-    state = language_state_dict(path, arch)
-    with torch.device(device):
-        model = getattr(transformers, w.text_class)(config)
-    model.to(dtype)
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
+    check_tensor_names(path, arch)
+    kwargs = {"local_files_only": True, "trust_remote_code": False, "dtype": dtype}
+    if device.type == "cuda":
+        kwargs["device_map"] = str(device)
+    model, info = getattr(transformers, w.text_class).from_pretrained(
+        str(path),
+        config=config,
+        key_mapping={f"^{re.escape(w.prefix)}": ""},
+        output_loading_info=True,
+        **kwargs,
+    )
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(k for k in info.get("unexpected_keys") or [] if not k.startswith(w.skipped))
+    mismatched = list(info.get("mismatched_keys") or [])
+    if missing or unexpected or mismatched:
         raise _error(
             f"{KEY}: the {w.prefix}* tensors of {path} do not fit {w.text_class} built from its "
-            f"{w.config_key}: missing {result.missing_keys[:5]}, unexpected "
-            f"{result.unexpected_keys[:5]}; the weights and config.json disagree"
+            f"{w.config_key}: missing {missing[:5]}, unexpected {unexpected[:5]}, mismatched "
+            f"{mismatched[:5]}; the weights and config.json disagree"
         )
-    return model.eval()
+    return model.to(device).eval()
 
 
 class ServedTree(torch.nn.Module):

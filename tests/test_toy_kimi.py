@@ -67,34 +67,39 @@ def test_weights_hold_the_language_model_and_every_vision_tensor(toy):
     assert "language_model.lm_head.weight" in tensors
 
 
-def test_language_model_loads_strictly_into_transformers_and_matches_toy_deepseek(toy, tmp_path):
-    """The independent reference: transformers' own DeepseekV3ForCausalLM, built from text_config
-    and given the language_model.* tensors with load_state_dict(strict=True), must equal both
-    Eyrie's loader and toy-deepseek of the same seed (the language model is toy-deepseek's)."""
+def test_language_model_is_toy_deepseeks_checkpoint_and_loads_into_transformers(toy, tmp_path):
+    """The independent reference is toy-deepseek of the same seed, loaded by transformers' own
+    from_pretrained: the wrapper's language_model.* tensors must be that checkpoint's tensors,
+    name for name and bit for bit (experts one by one, the form SGLang's DeepSeek loader reads;
+    the fused module layout of transformers 5 is skipped by SGLang), and Eyrie's loader must
+    give the same logits."""
     from safetensors.torch import load_file
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import DeepseekV3ForCausalLM
 
     from eyrie.toy.deepseek import build as build_deepseek
 
-    text = json.loads((toy / "config.json").read_text())["text_config"]
-    ref = DeepseekV3ForCausalLM(DeepseekV3Config(**text)).eval()
-    state = {
+    ds_dir = build_deepseek(tmp_path / "ds", TOKENIZER, seed=0, tiny=True)
+    want = {}
+    for f in sorted(ds_dir.glob("*.safetensors")):
+        want.update(load_file(str(f)))
+    ours_t = {
         k.removeprefix("language_model."): v
         for k, v in load_file(str(toy / "model.safetensors")).items()
         if k.startswith("language_model.")
     }
-    ref.load_state_dict(state, strict=True)
+    assert sorted(ours_t) == sorted(want)
+    assert any(".mlp.experts.0.gate_proj.weight" in k for k in ours_t)
+    assert all(torch.equal(ours_t[k], want[k]) for k in want)
+
+    text = json.loads((toy / "config.json").read_text())["text_config"]
     ours, arch = load_model(toy, torch.device("cpu"))
     assert arch == KIMI and type(ours).__name__ == "DeepseekV3ForCausalLM"
-    ds = DeepseekV3ForCausalLM.from_pretrained(
-        build_deepseek(tmp_path / "ds", TOKENIZER, seed=0, tiny=True), dtype=torch.float32
-    ).eval()
+    ds = DeepseekV3ForCausalLM.from_pretrained(ds_dir, dtype=torch.float32).eval()
     ids = torch.randint(0, text["vocab_size"], (2, 17), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
-        want = ref(input_ids=ids).logits
-        assert torch.equal(ours(input_ids=ids).logits, want)
-        assert torch.equal(ds(input_ids=ids).logits, want)
-        assert want.abs().max() > 0
+        want_logits = ds(input_ids=ids).logits
+        assert torch.equal(ours(input_ids=ids).logits, want_logits)
+        assert want_logits.abs().max() > 0
 
 
 def test_a_foreign_or_missing_tensor_is_refused(toy, tmp_path):

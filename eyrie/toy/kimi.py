@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -134,7 +135,7 @@ def seeded_tensor(seed: int, name: str, shape: tuple[int, ...], std: float = 0.0
 
 
 def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool = False) -> Path:
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
     out, tokenizer_dir = Path(out), Path(tokenizer_dir)
@@ -143,9 +144,14 @@ def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool 
     with torch.device("cpu"):
         lm = DeepseekV3ForCausalLM(text_cfg)
     seeded_init_(lm, seed)
-    tensors = {
-        LANGUAGE_PREFIX + k: t.to(torch.bfloat16).contiguous() for k, t in lm.state_dict().items()
-    }
+    # The language model's tensors as a checkpoint names them (save_pretrained writes
+    # DeepSeek-V3's experts one by one), the form SGLang's loader reads; the module layout of
+    # the transformers at hand (fused experts) would be skipped by SGLang without a word.
+    with tempfile.TemporaryDirectory() as saved:
+        lm.to(torch.bfloat16).save_pretrained(saved, safe_serialization=True)
+        tensors = {}
+        for f in sorted(Path(saved).glob("*.safetensors")):
+            tensors.update({LANGUAGE_PREFIX + k: v for k, v in load_file(str(f)).items()})
     vision = vision_config(text_cfg.hidden_size)
     for name, shape in vision_shapes(vision).items():
         tensors[name] = seeded_tensor(seed, name, shape).to(torch.bfloat16).contiguous()

@@ -283,6 +283,21 @@ class Drafter(nn.Module):
         if norm is not None:
             self.norm.weight.copy_(norm.float())
 
+    @torch.no_grad()
+    def init_attention_to_self(self, std: float = 0.04) -> None:
+        """Start every query head equal to its key head, so attention starts peaked on self.
+
+        The token embedding reaches the drafter only through attention (q/k/v read it; the
+        residual stream starts at the fused hidden). With random q and k, row t's own token is
+        one of t equally weighted values at first, and learning to pick it out takes many
+        steps. With q = k at init, the score of a row with itself is |k|^2/sqrt(d), larger
+        than with any less similar row; training moves q and k apart from there.
+        """
+        a = self.midlayer.self_attn
+        nn.init.normal_(a.k_proj.weight, mean=0.0, std=std)
+        k = a.k_proj.weight.view(a.nkv, a.hd, -1)
+        a.q_proj.weight.copy_(k.repeat_interleave(a.nh // a.nkv, 0).reshape(a.nh * a.hd, -1))
+
     def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)

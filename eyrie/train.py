@@ -46,6 +46,7 @@ from eyrie.drafter import (
     read_target_norm,
     read_target_tensors,
 )
+from eyrie.optim import lr_lambda, make_optimizer
 from eyrie.loss import (  # noqa: F401 - scored_rows, soft_cross_entropy: part of this API
     scored_rows,
     soft_cross_entropy,
@@ -77,6 +78,8 @@ DEFAULTS = {
     "checkpoint_every": 50,
     "keep_checkpoints": 2,
     "init_lm_head": "target",
+    "head_lr_scale": 1.0,
+    "attn_init": "default",
     "loss": "soft",
     "drafter": {},
 }
@@ -387,18 +390,6 @@ def truncate_metrics(path: Path, last_step: int, columns: list[str]) -> None:
 # the loop
 
 
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    """Linear warm-up to 1, then cosine down to ``min_ratio`` at ``total`` steps."""
-
-    def f(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
-
-
 def to_device(batch: dict, device, dtype) -> dict:
     out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     if dtype is None:  # fp32 compute: the bf16 activations are upcast once here
@@ -540,6 +531,8 @@ def build(train_stores, heldout_stores, target_dir, vocab_path, settings: dict) 
     if s["init_lm_head"] != "random":  # the target's output space (Drafter.init_head_from_target)
         norm = read_target_norm(target_dir) if s["init_lm_head"] == "target" else None
         model.init_head_from_target(lm_head, norm)
+    if s["attn_init"] == "self":
+        model.init_attention_to_self()
     return Setup(d, device, dtype, s, model.to(device), head, aux_ids, target_cfg, train_id)
 
 
@@ -566,12 +559,7 @@ def train(
     train_ds = ShardDataset(list(train_stores))
     spe = GlobalBatches.steps_per_epoch(len(train_ds), int(s["batch_size"]))
     total = int(s["max_steps"] or int(s["epochs"]) * spe)
-    opt = torch.optim.AdamW(
-        model.parameters(),
-        lr=float(s["lr"]),
-        betas=tuple(s["betas"]),
-        weight_decay=float(s["weight_decay"]),
-    )
+    opt = make_optimizer(model, s)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lr_lambda(int(s["warmup_steps"]), total, float(s["min_lr_ratio"]))
     )

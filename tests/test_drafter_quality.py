@@ -106,3 +106,33 @@ def test_read_rows_are_the_rows_acc0_scores(tmp_path):
     assert rows.token.tolist() == want_tok
     assert rows.label.tolist() == want_lab
     assert torch.equal(rows.aux, torch.stack(want_aux))
+
+
+def self_peak_fraction(model, x, cfg) -> float:
+    """Fraction of (head, row) pairs whose largest causal score is on the row itself."""
+    from eyrie.drafter import apply_rope, rope_cos_sin
+
+    a, T = model.midlayer.self_attn, len(x)
+    q = a.q_proj(x).view(T, a.nh, a.hd).transpose(0, 1)
+    k = a.k_proj(x).view(T, a.nkv, a.hd).transpose(0, 1)
+    cos, sin = rope_cos_sin(torch.arange(T), a.hd, cfg.rope_theta, x.dtype)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    hits = []
+    for h in range(a.nh):
+        scores = (q[h] @ k[h // (a.nh // a.nkv)].T).masked_fill(future, float("-inf"))
+        hits.append((scores.argmax(-1) == torch.arange(T)).float().mean())
+    return float(torch.stack(hits).mean())
+
+
+def test_self_attention_init_peaks_each_row_on_itself():
+    """With q = k at init a row's largest attention score is (almost always) on itself."""
+    torch.manual_seed(0)
+    H, T = 64, 48
+    cfg = DrafterConfig(H, 64, 4, 2, 16, num_aux=3, vocab_size=50, draft_vocab_size=50)
+    x = torch.randn(T, 2 * H)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))  # normed, as the layer feeds it
+    model = Drafter(cfg)
+    assert self_peak_fraction(model, x, cfg) < 0.5  # random q, k
+    model.init_attention_to_self()
+    assert self_peak_fraction(model, x, cfg) > 0.9

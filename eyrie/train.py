@@ -25,7 +25,6 @@ import csv
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -46,7 +45,6 @@ from eyrie.drafter import (
     read_target_norm,
     read_target_tensors,
 )
-from eyrie.optim import lr_lambda, make_optimizer
 from eyrie.loss import (  # noqa: F401 - scored_rows, soft_cross_entropy: part of this API
     scored_rows,
     soft_cross_entropy,
@@ -54,6 +52,7 @@ from eyrie.loss import (  # noqa: F401 - scored_rows, soft_cross_entropy: part o
     ttt_terms,
     weighted_loss,
 )
+from eyrie.optim import lr_lambda, make_optimizer
 
 log = logging.getLogger(__name__)
 

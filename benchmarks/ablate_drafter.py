@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, help="rebuild the draft vocabulary at this size")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log", default="benchmarks/ablation.jsonl")
+    ap.add_argument("--accept-steps", type=int, help="also score K drafts like eyrie evaluate")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -64,6 +65,18 @@ def main() -> None:
             progress=False,
         )
         wall = time.time() - t0
+        if args.accept_steps:  # the evaluate stage's metric on the same held-out rows
+            from eyrie.acceptance import evaluate_stores, load_drafter
+
+            model, meta = load_drafter(Path(tmp) / "out" / "drafter")
+            acc = evaluate_stores(
+                model,
+                meta["aux_layer_ids"],
+                args.target,
+                he,
+                steps=args.accept_steps,
+                max_len=int(settings["max_len"]),
+            )
         keep = Path("benchmarks/out/ablation")
         keep.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(tmp) / "out" / "metrics.csv", keep / f"{args.name}.metrics.csv")
@@ -78,6 +91,8 @@ def main() -> None:
         "chain_acc": [round(a, 4) for a in h["chain_acc"]],
         "loss": [round(a, 4) for a in h["loss"]],
     }
+    if args.accept_steps:
+        rec["acceptance"] = {k: acc.to_dict()[k] for k in ("acc", "chain", "tau_by_draft_tokens")}
     print(json.dumps(rec))
     with open(args.log, "a") as f:
         f.write(json.dumps(rec) + "\n")

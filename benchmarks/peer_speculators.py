@@ -99,6 +99,9 @@ def score(args) -> None:
     cfg = DrafterConfig.from_target(target, num_aux=3, draft_vocab_size=N)
     model = Drafter(cfg)
     mine = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()}
+    extra = sorted(set(mine) - set(model.state_dict()) - {"embed_tokens.weight"})
+    if extra:  # e.g. input_norm: trained with norm_before_fc, a shape Eyrie does not have
+        raise SystemExit(f"checkpoint holds {extra}: not the EAGLE-3 shape Eyrie trains")
     mine = {k: v for k, v in mine.items() if k in model.state_dict()}
     if "d2t" not in mine:  # full vocabulary: draft id = target id
         mine["d2t"] = torch.zeros(N, dtype=torch.int64)

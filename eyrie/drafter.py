@@ -269,6 +269,35 @@ class Drafter(nn.Module):
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
+    @torch.no_grad()
+    def init_head_from_target(self, lm_head: torch.Tensor, norm: torch.Tensor | None) -> None:
+        """Start lm_head at the target's rows of the draft tokens, and norm at its final norm.
+
+        Then the drafter's output space is the target's from the first step: an ``out`` equal
+        to the target's last pre-norm state gives the target's logits. The target's final norm
+        scale matters (toy-llama's is 1.75, not 1): with norm left at ones the first logits are
+        a cooled copy of the target's, and the norm weight, at the learning rate, takes
+        hundreds of steps to catch up.
+        """
+        self.lm_head.weight.copy_(lm_head[self.d2t + torch.arange(len(self.d2t))].float())
+        if norm is not None:
+            self.norm.weight.copy_(norm.float())
+
+    @torch.no_grad()
+    def init_attention_to_self(self, std: float = 0.04) -> None:
+        """Start every query head equal to its key head, so attention starts peaked on self.
+
+        The token embedding reaches the drafter only through attention (q/k/v read it; the
+        residual stream starts at the fused hidden). With random q and k, row t's own token is
+        one of t equally weighted values at first, and learning to pick it out takes many
+        steps. With q = k at init, the score of a row with itself is |k|^2/sqrt(d), larger
+        than with any less similar row; training moves q and k apart from there.
+        """
+        a = self.midlayer.self_attn
+        nn.init.normal_(a.k_proj.weight, mean=0.0, std=std)
+        k = a.k_proj.weight.view(a.nkv, a.hd, -1)
+        a.q_proj.weight.copy_(k.repeat_interleave(a.nh // a.nkv, 0).reshape(a.nh * a.hd, -1))
+
     def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
@@ -319,6 +348,7 @@ def shift_left(x: torch.Tensor, by: int, fill=0) -> torch.Tensor:
 
 EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight")
 HEAD_NAMES = ("lm_head.weight", "output.weight")
+NORM_NAMES = ("model.norm.weight", "norm.weight", "model.language_model.norm.weight")
 
 
 def _weight_index(folder: Path) -> dict[str, Path]:
@@ -396,6 +426,19 @@ def read_target_tensors(folder: str | Path) -> tuple[torch.Tensor, torch.Tensor,
                 f"({vocab}, {hidden}) from config.json; the folder mixes two models"
             )
     return embed[:vocab], head[:vocab], config
+
+
+def read_target_norm(folder: str | Path) -> torch.Tensor | None:
+    """The target's final norm weight (H,), or None when no tensor is unambiguously it."""
+    from safetensors import safe_open
+
+    index = _weight_index(Path(folder))
+    name = _pick(index, NORM_NAMES, "norm.weight")
+    if name is None or not index[name].is_file():
+        return None
+    with safe_open(str(index[name]), framework="pt") as st:
+        w = st.get_tensor(name)
+    return w if w.ndim == 1 else None
 
 
 class TargetHead:

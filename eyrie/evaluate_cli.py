@@ -184,10 +184,11 @@ def run_report(
     train_metrics=None,
     validate=None,
     figures=None,
+    baselines=None,
 ) -> dict:
     from eyrie.report import build_report, read_inputs
 
-    inp = read_inputs(acceptance, speculate, online, train_metrics, validate)
+    inp = read_inputs(acceptance, speculate, online, train_metrics, validate, baselines)
     return build_report(inp, out_dir, figures)
 
 
@@ -351,6 +352,7 @@ def _report(args, cfg) -> int:
         online=ev / "online_sglang.json",
         train_metrics=results / "train" / "metrics.csv",
         validate=results / "validate" / "summary.csv",
+        baselines=ev / "baselines.json",
     )
     print(Path(written["summary"]).read_text().splitlines()[0])
     print(f"written: {', '.join(str(p) for p in written.values())}")

@@ -27,10 +27,11 @@ class Inputs:
     online: dict | None = None  # the online SGLang JSON (status ok or not run)
     train_metrics: pd.DataFrame | None = None  # train metrics.csv
     validate: pd.DataFrame | None = None  # validate/summary.csv
+    baselines: dict | None = None  # eyrie.baselines.measure's JSON (evaluate/baselines.json)
 
 
 def read_inputs(
-    acceptance=None, speculate=None, online=None, train_metrics=None, validate=None
+    acceptance=None, speculate=None, online=None, train_metrics=None, validate=None, baselines=None
 ) -> Inputs:
     """Read whichever files are given and exist; a missing file is reported, not fatal."""
 
@@ -45,7 +46,9 @@ def read_inputs(
         except pd.errors.EmptyDataError:
             return pd.DataFrame()
 
-    return Inputs(js(acceptance), js(speculate), js(online), csv(train_metrics), csv(validate))
+    return Inputs(
+        js(acceptance), js(speculate), js(online), csv(train_metrics), csv(validate), js(baselines)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,6 +104,9 @@ def verdict(inp: Inputs) -> str:
     else:
         parts = [f"speculation {ratio:.2f}× plain decoding ({where})"]
     accs = [f"acc_0 {_pct(acc[0] if acc else None)}"]
+    b = inp.baselines or {}
+    if acc and b.get("probe"):  # the drafter's step-0 inputs without attention over the context
+        accs[0] += f" (probe {_pct(b['probe']['acc'])}, bigram {_pct(b.get('bigram_acc'))})"
     if len(cond) > 1:
         accs.append(f"acc_1|0 {_pct(cond[1])}")
     taus = a.get("tau_by_draft_tokens") or []
@@ -353,6 +359,7 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
         ]
     else:
         lines += ["Offline acceptance: not measured.", ""]
+    lines += baseline_lines(inp)
     lines += ["## Speculative decoding", ""]
     s = inp.speculate
     if s:
@@ -393,6 +400,31 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
         lines += ["", "## Figures", ""]
         lines += [f"- [{name}]({Path(p).name})" for name, p in figures.items()]
     return "\n".join(lines) + "\n"
+
+
+def baseline_lines(inp: Inputs) -> list[str]:
+    """The drafter's acc_0 next to the baselines scored on the same held-out rows."""
+    b, a = inp.baselines, inp.acceptance or {}
+    if not b:
+        return ["Baselines: not measured.", ""]
+    acc0 = (a.get("acc") or [None])[0]
+    rows = [("the drafter, acc_0", acc0)]
+    rows.append(("bigram: x_{t+1} -> most frequent greedy token after it (train)", b["bigram_acc"]))
+    for key, inputs in (("probe", "[aux_t, embed(x_{t+1})]"), ("probe_with_final", "+ final_t")):
+        if b.get(key):
+            p = b[key]
+            rows.append((f"MLP probe per position on {inputs}, {p['epochs']} epoch(s)", p["acc"]))
+    lines = [
+        f"## Drafter vs baselines (step 0, {b['scored_heldout']} held-out rows, same rows)",
+        "",
+        "| predictor of the target's greedy token at t+1 | held-out acc |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {_pct(x)} |" for name, x in rows]
+    probe = (b.get("probe") or {}).get("acc")
+    if acc0 is not None and probe is not None and acc0 <= probe:
+        lines += ["", "**The drafter does not beat a probe without context on its own inputs.**"]
+    return lines + [""]
 
 
 def build_report(inp: Inputs, out_dir, figures: dict[str, Path] | None = None) -> dict:

@@ -25,7 +25,6 @@ import csv
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -39,7 +38,21 @@ from torch.utils.data import DataLoader
 
 from eyrie import atomic
 from eyrie.draft_vocab import load as load_vocab
-from eyrie.drafter import Drafter, DrafterConfig, TargetHead, read_target_tensors
+from eyrie.drafter import (
+    Drafter,
+    DrafterConfig,
+    TargetHead,
+    read_target_norm,
+    read_target_tensors,
+)
+from eyrie.loss import (  # noqa: F401 - scored_rows, soft_cross_entropy: part of this API
+    scored_rows,
+    soft_cross_entropy,
+    step_counts,
+    ttt_terms,
+    weighted_loss,
+)
+from eyrie.optim import lr_lambda, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +78,9 @@ DEFAULTS = {
     "checkpoint_every": 50,
     "keep_checkpoints": 2,
     "init_lm_head": "target",
+    "head_lr_scale": 1.0,
+    "attn_init": "default",
+    "loss": "soft",
     "drafter": {},
 }
 # settings that do not change the numbers: a resume may change them
@@ -275,61 +291,6 @@ def check_stores(identity: list[dict], target_cfg: dict, what: str) -> list[int]
 
 
 # ---------------------------------------------------------------------------------------------
-# the loss
-
-
-def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
-    """-sum_v p(v) log q(v) per row, q = softmax(logits); fp32."""
-    return -(target_probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
-
-
-def scored_rows(k: int, T: int) -> int:
-    """Rows of step k that can be scored: row t needs token t+k+2, so t <= T-k-3."""
-    return max(0, T - k - 2)
-
-
-def step_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
-    """Scored positions per unroll step, (steps,): known before the forward pass."""
-    T = loss_mask.shape[1]
-    return torch.stack(
-        [loss_mask[:, k + 2 : k + 2 + scored_rows(k, T)].sum() for k in range(steps)]
-    ).to(torch.float64)
-
-
-def ttt_terms(logits: list, probs, greedy, loss_mask, d2t) -> dict:
-    """Per-step sums over this batch: soft CE, correct drafts, correct chains (all steps <= k).
-
-    Row t at step k is scored against the target at position t+k+1 (probs, greedy) when token
-    t+k+2 is a loss-mask token; see eyrie/drafter.py for the diagram.
-    """
-    T = loss_mask.shape[1]
-    ce, correct, chain = [], [], []
-    alive = loss_mask[:, 2:]  # rows whose step-0 draft is scored: the start of a chain
-    for k, lg in enumerate(logits):
-        n = scored_rows(k, T)
-        m = loss_mask[:, k + 2 : k + 2 + n]
-        ce.append((soft_cross_entropy(lg[:, :n], probs[:, k + 1 : k + 1 + n]) * m).sum())
-        draft = lg[:, :n].argmax(-1)
-        hit = ((draft + d2t[draft]) == greedy[:, k + 1 : k + 1 + n]) & m
-        correct.append(hit.sum())
-        alive = alive[:, :n] & hit
-        chain.append(alive.sum())
-    return {
-        "ce": torch.stack(ce),
-        "correct": torch.stack(correct).to(torch.float64),
-        "chain": torch.stack(chain).to(torch.float64),
-        "chain_starts": loss_mask[:, 2:].sum().to(torch.float64),
-    }
-
-
-def weighted_loss(ce: torch.Tensor, counts: torch.Tensor, step_weight: float, world: int):
-    """sum_k w^k * ce_k / count_k (global counts), scaled by the world size for DDP."""
-    w = step_weight ** torch.arange(len(ce), dtype=torch.float64, device=counts.device)
-    scale = (w / counts.clamp(min=1.0) * world).to(ce.dtype)
-    return (ce * scale.to(ce.device)).sum()
-
-
-# ---------------------------------------------------------------------------------------------
 # checkpoints
 
 
@@ -429,18 +390,6 @@ def truncate_metrics(path: Path, last_step: int, columns: list[str]) -> None:
 # the loop
 
 
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    """Linear warm-up to 1, then cosine down to ``min_ratio`` at ``total`` steps."""
-
-    def f(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
-
-
 def to_device(batch: dict, device, dtype) -> dict:
     out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     if dtype is None:  # fp32 compute: the bf16 activations are upcast once here
@@ -449,11 +398,11 @@ def to_device(batch: dict, device, dtype) -> dict:
     return out
 
 
-def forward_batch(model, head: TargetHead, batch: dict, steps: int, dtype, d2t):
+def forward_batch(model, head: TargetHead, batch: dict, steps: int, dtype, d2t, loss="soft"):
     probs, greedy = head.targets(batch["final_hidden"])
     with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None):
         logits = model(batch["aux_hidden"], batch["input_ids"], head.embed, steps)
-    return ttt_terms(logits, probs, greedy, batch["loss_mask"], d2t)
+    return ttt_terms(logits, probs, greedy, batch["loss_mask"], d2t, loss)
 
 
 @torch.no_grad()
@@ -478,7 +427,7 @@ def evaluate(model, head, dataset, settings: dict, device, dtype, d: Dist) -> di
     sums = torch.zeros(4 * steps + 2, dtype=torch.float64)
     for batch in loader:
         batch = to_device(batch, device, dtype)
-        t = forward_batch(inner, head, batch, steps, dtype, inner.d2t)
+        t = forward_batch(inner, head, batch, steps, dtype, inner.d2t, settings["loss"])
         counts = step_counts(batch["loss_mask"], steps)
         parts = [t["ce"].double(), t["correct"], t["chain"], counts, t["chain_starts"].view(1)]
         parts.append(torch.tensor([len(batch["input_ids"])], dtype=torch.float64))
@@ -579,9 +528,11 @@ def build(train_stores, heldout_stores, target_dir, vocab_path, settings: dict) 
     torch.manual_seed(int(s["seed"]))
     model = Drafter(cfg)
     model.set_vocab(vocab.d2t, vocab.t2d)
-    if s["init_lm_head"] == "target":  # start from the target's own rows: same output space
-        with torch.no_grad():
-            model.lm_head.weight.copy_(lm_head[vocab.draft_tokens].float())
+    if s["init_lm_head"] != "random":  # the target's output space (Drafter.init_head_from_target)
+        norm = read_target_norm(target_dir) if s["init_lm_head"] == "target" else None
+        model.init_head_from_target(lm_head, norm)
+    if s["attn_init"] == "self":
+        model.init_attention_to_self()
     return Setup(d, device, dtype, s, model.to(device), head, aux_ids, target_cfg, train_id)
 
 
@@ -608,12 +559,7 @@ def train(
     train_ds = ShardDataset(list(train_stores))
     spe = GlobalBatches.steps_per_epoch(len(train_ds), int(s["batch_size"]))
     total = int(s["max_steps"] or int(s["epochs"]) * spe)
-    opt = torch.optim.AdamW(
-        model.parameters(),
-        lr=float(s["lr"]),
-        betas=tuple(s["betas"]),
-        weight_decay=float(s["weight_decay"]),
-    )
+    opt = make_optimizer(model, s)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lr_lambda(int(s["warmup_steps"]), total, float(s["min_lr_ratio"]))
     )
@@ -681,7 +627,7 @@ def loop(run: Setup, loader, opt, sched, start, total, spe, work, identity, prog
         for step, batch in zip(range(start, total), loader, strict=False):
             batch = to_device(batch, run.device, run.dtype)
             counts = d.sum(step_counts(batch["loss_mask"], K).to(run.device)).cpu()
-            terms = forward_batch(ddp, run.head, batch, K, run.dtype, model.d2t)
+            terms = forward_batch(ddp, run.head, batch, K, run.dtype, model.d2t, s["loss"])
             loss = weighted_loss(terms["ce"], counts, float(s["step_weight"]), d.world)
             opt.zero_grad(set_to_none=True)
             loss.backward()

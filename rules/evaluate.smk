@@ -1,4 +1,5 @@
-# Evaluate stage: offline acceptance on the held-out stores, speculative decoding in-process
+# Evaluate stage: offline acceptance on the held-out stores, baselines on the same rows (bigram,
+# per-position probe), speculative decoding in-process
 # (transformers, this job's device), SGLang's own measurement (capture.backend sglang on a GPU;
 # otherwise a "not run: <reason>" record), then the report (figures and summary.md).
 
@@ -38,6 +39,31 @@ rule evaluate_acceptance:
         "../envs/eyrie.yaml"
     script:
         "../scripts/evaluate_acceptance.py"
+
+
+rule evaluate_baselines:
+    input:
+        train=expand(f"{R}/store/train/shard-{{shard}}.zarr", shard=SHARDS),
+        heldout=expand(f"{R}/store/heldout/shard-{{shard}}.zarr", shard=SHARDS),
+        # a gate, not data: a rerun of validation alone (e.g. a new threshold) does not rerun it
+        validated=ancient(f"{R}/validate/summary.csv"),
+        target=target_config(),
+    output:
+        json=f"{R}/evaluate/baselines.json",
+    params:
+        target=lambda wildcards, input: os.path.dirname(input.target),
+        max_len=config["train"]["max_len"],
+        probe_epochs=EVAL["baselines"]["probe_epochs"],
+        probe_width=EVAL["baselines"]["probe_width"],
+    threads: 2
+    log:
+        f"{R}/logs/evaluate/baselines.log",
+    benchmark:
+        f"{R}/benchmarks/evaluate/baselines.tsv"
+    conda:
+        "../envs/eyrie.yaml"
+    script:
+        "../scripts/evaluate_baselines.py"
 
 
 rule evaluate_speculate:
@@ -97,6 +123,7 @@ rule report:
         online=f"{R}/evaluate/online_sglang.json",
         train_metrics=f"{R}/train/metrics.csv",
         validate=f"{R}/validate/summary.csv",
+        baselines=f"{R}/evaluate/baselines.json",
     output:
         summary=report(
             f"{R}/report/summary.md",

@@ -15,6 +15,7 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.re
         online=sm.input.online,
         train_metrics=sm.input.train_metrics,
         validate=sm.input.validate,
+        baselines=sm.input.baselines,
         figures={name: Path(getattr(sm.output, name)) for name in sm.params.figures},
     )
     print(Path(written["summary"]).read_text())

@@ -141,3 +141,17 @@ def test_missing_inputs_still_give_a_report(tmp_path):
     first = written["summary"].read_text().splitlines()[0]
     assert "speed not measured" in first and "extraction errors unknown" in first
     assert all(p.is_file() for p in written.values())
+
+
+def test_baselines_stand_beside_acc0(tmp_path):
+    from eyrie.report import Inputs, summary_markdown
+
+    base = {"scored_heldout": 600, "bigram_acc": 0.27, "probe": {"acc": 0.42, "epochs": 1}}
+    text = summary_markdown(Inputs(acceptance=ACCEPTANCE, baselines=base))
+    assert "acc_0 78 % (probe 42 %, bigram 27 %)" in text.splitlines()[0]
+    assert "| the drafter, acc_0 | 78 % |" in text
+    assert "| MLP probe per position on [aux_t, embed(x_{t+1})], 1 epoch(s) | 42 % |" in text
+    assert "does not beat" not in text
+    weak = dict(ACCEPTANCE, acc=[0.3, 0.2, 0.1])
+    assert "does not beat a probe" in summary_markdown(Inputs(acceptance=weak, baselines=base))
+    assert "Baselines: not measured." in summary_markdown(Inputs(acceptance=ACCEPTANCE))

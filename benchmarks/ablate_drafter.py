@@ -1,0 +1,102 @@
+"""Train drafter variants on one run's stores, same data, and print held-out acc_k and time.
+
+    python benchmarks/ablate_drafter.py --name base --set epochs=1 lr=0.003 [--vocab-size 4096]
+
+Each variant appends one JSON line to --log (default benchmarks/ablation.jsonl): its settings,
+held-out acc_k, chain acc, steps and wall time. Stores are {results}/store/{train,heldout}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+
+def parse_value(v: str):
+    return yaml.safe_load(v)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--results", default="results")
+    ap.add_argument("--target", default="models/toy-llama")
+    ap.add_argument("--set", nargs="*", default=[], help="train settings, key=value (YAML)")
+    ap.add_argument("--vocab-size", type=int, help="rebuild the draft vocabulary at this size")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--log", default="benchmarks/ablation.jsonl")
+    ap.add_argument("--accept-steps", type=int, help="also score K drafts like eyrie evaluate")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from eyrie import draft_vocab
+    from eyrie.train import train
+
+    r = Path(args.results)
+    tr = sorted((r / "store" / "train").glob("shard-*.zarr"))
+    he = sorted((r / "store" / "heldout").glob("shard-*.zarr"))
+    settings = {"epochs": 1, "batch_size": 8, "max_len": 512, "ttt_steps": 5, "lr": 0.003}
+    settings.update({"warmup_steps": 10, "checkpoint_every": 10**6, "num_workers": 1})
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        settings[k] = parse_value(v)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = r / "draft_vocab" / "vocab.safetensors"
+        if args.vocab_size:
+            cfg = json.loads((Path(args.target) / "config.json").read_text())
+            counts = draft_vocab.count_tokens(tr, int(cfg["vocab_size"]))
+            vocab = Path(tmp) / "vocab.safetensors"
+            draft_vocab.save(draft_vocab.build(counts, args.vocab_size), vocab, {})
+        t0 = time.time()
+        res = train(
+            train_stores=tr,
+            heldout_stores=he,
+            target_dir=args.target,
+            vocab_path=vocab,
+            out_dir=Path(tmp) / "out",
+            settings=settings,
+            progress=False,
+        )
+        wall = time.time() - t0
+        if args.accept_steps:  # the evaluate stage's metric on the same held-out rows
+            from eyrie.acceptance import evaluate_stores, load_drafter
+
+            model, meta = load_drafter(Path(tmp) / "out" / "drafter")
+            acc = evaluate_stores(
+                model,
+                meta["aux_layer_ids"],
+                args.target,
+                he,
+                steps=args.accept_steps,
+                max_len=int(settings["max_len"]),
+            )
+        keep = Path("benchmarks/out/ablation")
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(tmp) / "out" / "metrics.csv", keep / f"{args.name}.metrics.csv")
+    h = res["heldout"]
+    rec = {
+        "name": args.name,
+        "settings": settings,
+        "vocab_size": args.vocab_size,
+        "steps": res["steps"],
+        "wall_s": round(wall, 1),
+        "acc": [round(a, 4) for a in h["acc"]],
+        "chain_acc": [round(a, 4) for a in h["chain_acc"]],
+        "loss": [round(a, 4) for a in h["loss"]],
+    }
+    if args.accept_steps:
+        rec["acceptance"] = {k: acc.to_dict()[k] for k in ("acc", "chain", "tau_by_draft_tokens")}
+    print(json.dumps(rec))
+    with open(args.log, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+if __name__ == "__main__":
+    main()

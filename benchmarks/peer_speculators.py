@@ -1,0 +1,145 @@
+"""A peer side by side: vLLM speculators' own EAGLE-3 trainer on this run's stores.
+
+    python -m venv --system-site-packages /tmp/peer-venv
+    /tmp/peer-venv/bin/pip install --no-deps speculators==0.9.0
+    /tmp/peer-venv/bin/pip install datasets==5.1.0 openai loguru hs-connectors==0.9.0
+    /tmp/peer-venv/bin/python benchmarks/peer_speculators.py convert --out /tmp/peer-data
+    /tmp/peer-venv/bin/python benchmarks/peer_speculators.py train --data-path /tmp/peer-data ...
+    python benchmarks/peer_speculators.py score --checkpoint CKPT   (Eyrie's held-out metric)
+
+``convert`` writes speculators' offline format: a datasets folder (input_ids, loss_mask,
+seq_len; train samples first, then held-out ones) and hidden_states/hs_{i}.safetensors with
+hidden_states (T, k + 1, H) = the k aux states and the verifier's last state, token_ids (T).
+speculators applies the verifier's final norm itself, while the store keeps the normed state
+y = w * x / rms(x); it is handed y / w, whose RMS is 1, so that norm(y / w) = y again.
+Its train/val split is by position; the ratio printed makes val exactly the held-out stores.
+
+``score`` loads the trained speculators checkpoint (layers.0.*, fc, norm, lm_head; full
+vocabulary) into Eyrie's Drafter and runs Eyrie's offline acceptance on the held-out stores,
+so both drafters are scored on the same rows by the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+
+def stores(results: Path, split: str) -> list[Path]:
+    return sorted((results / "store" / split).glob("shard-*.zarr"))
+
+
+def convert(args) -> None:
+    from datasets import Dataset
+    from safetensors.torch import load_file, save_file
+
+    from eyrie.store import ShardReader
+
+    norm_w = load_file(str(Path(args.target) / "model.safetensors"))["model.norm.weight"].float()
+    out = Path(args.out)
+    (out / "hidden_states").mkdir(parents=True, exist_ok=True)
+    rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    i, n_train = 0, 0
+    for split in ("train", "heldout"):
+        for p in stores(Path(args.results), split):
+            r = ShardReader(p)
+            for j in range(len(r)):
+                s = r[j]
+                T = min(len(s["input_ids"]), args.max_len)
+                last = (s["final_hidden"][:T].float() / norm_w).bfloat16()
+                hs = torch.cat([s["aux_hidden"][:T], last[:, None]], dim=1)
+                ids = s["input_ids"][:T]
+                save_file(
+                    {"hidden_states": hs.contiguous(), "token_ids": ids.contiguous()},
+                    str(out / "hidden_states" / f"hs_{i}.safetensors"),
+                )
+                rows["input_ids"].append(ids.tolist())
+                rows["loss_mask"].append(s["loss_mask"][:T].long().tolist())
+                rows["seq_len"].append(T)
+                i += 1
+                n_train += split == "train"
+    Dataset.from_dict(rows).with_format("torch").save_to_disk(str(out))
+    ratio = (n_train + 0.5) / i
+    print(json.dumps({"samples": i, "train": n_train, "train_data_ratio": ratio}))
+
+
+def train(argv: list[str]) -> None:
+    """speculators' own trainer, with its two accelerator assumptions bent to the CPU.
+
+    Its Trainer puts the model and every batch on ``get_local_rank()``, an int that torch
+    reads as a CUDA device index, and its step timer calls ``torch.accelerator.synchronize()``;
+    on a CPU machine both raise "RuntimeError: Cannot access accelerator device when none is
+    available". Here the device is the CPU and the synchronize a no-op. Nothing else changes.
+    """
+    import sys
+
+    import speculators.train.trainer as trainer
+    from speculators.train.cli import main as train_main
+    from speculators.train.config import TrainConfig
+
+    trainer.get_local_rank = lambda: torch.device("cpu")
+    torch.accelerator.synchronize = lambda *a, **k: None
+    sys.argv = ["speculators.train", *argv]
+    train_main(TrainConfig.resolve())
+
+
+def score(args) -> None:
+    from safetensors.torch import load_file
+
+    from eyrie.acceptance import evaluate_stores
+    from eyrie.drafter import Drafter, DrafterConfig
+    from eyrie.store import ShardReader
+
+    sd = load_file(str(Path(args.checkpoint) / "model.safetensors"))
+    target = json.loads((Path(args.target) / "config.json").read_text())
+    N = sd["lm_head.weight"].shape[0]
+    cfg = DrafterConfig.from_target(target, num_aux=3, draft_vocab_size=N)
+    model = Drafter(cfg)
+    mine = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()}
+    extra = sorted(set(mine) - set(model.state_dict()) - {"embed_tokens.weight"})
+    if extra:  # e.g. input_norm: trained with norm_before_fc, a shape Eyrie does not have
+        raise SystemExit(f"checkpoint holds {extra}: not the EAGLE-3 shape Eyrie trains")
+    mine = {k: v for k, v in mine.items() if k in model.state_dict()}
+    if "d2t" not in mine:  # full vocabulary: draft id = target id
+        mine["d2t"] = torch.zeros(N, dtype=torch.int64)
+        mine["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    missing = set(model.state_dict()) - set(mine)
+    if missing:
+        raise SystemExit(f"checkpoint lacks {sorted(missing)}")
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in mine.items()})
+    model.eval()
+    held = stores(Path(args.results), "heldout")
+    aux_ids = ShardReader(held[0]).aux_layer_ids
+    res = evaluate_stores(
+        model, aux_ids, args.target, held, steps=args.steps, batch_size=8, max_len=args.max_len
+    )
+    print(json.dumps(res.to_dict()))
+
+
+def main() -> None:
+    import sys
+
+    if sys.argv[1:2] == ["train"]:
+        torch.set_num_threads(2)
+        return train(sys.argv[2:])
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert")
+    c.add_argument("--out", required=True)
+    s = sub.add_parser("score")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--steps", type=int, default=3)
+    for p in (c, s):
+        p.add_argument("--results", default="results")
+        p.add_argument("--target", default="models/toy-llama")
+        p.add_argument("--max-len", type=int, default=512)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    {"convert": convert, "score": score}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

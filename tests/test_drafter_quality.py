@@ -1,0 +1,138 @@
+"""The greedy loss, the head init and the baselines, each against an independent reference."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eyrie.baselines import Rows, bigram, read_rows
+from eyrie.drafter import Drafter, DrafterConfig, RMSNorm
+from eyrie.loss import ttt_terms
+
+
+def test_greedy_loss_is_cross_entropy_on_the_draft_id_of_the_greedy_token():
+    torch.manual_seed(0)
+    B, T, N, K = 2, 8, 4, 2
+    tokens = torch.tensor([1, 4, 5, 9])  # draft vocabulary inside a target vocabulary of 10
+    d2t = tokens - torch.arange(N)
+    greedy = torch.randint(0, 10, (B, T))
+    mask = torch.rand(B, T) < 0.8
+    logits = [torch.randn(B, T, N) for _ in range(K)]
+    probs = torch.softmax(torch.randn(B, T, N), -1)
+    terms = ttt_terms(logits, probs, greedy, mask, d2t, loss="greedy")
+    to_draft = {int(t): i for i, t in enumerate(tokens)}
+    for k in range(K):
+        want = 0.0
+        for b in range(B):
+            for t in range(T - k - 2):
+                g = int(greedy[b, t + k + 1])
+                if mask[b, t + k + 2] and g in to_draft:  # outside the vocabulary: no term
+                    want += float(F.cross_entropy(logits[k][b, t], torch.tensor(to_draft[g])))
+        assert float(terms["ce"][k]) == pytest.approx(want, rel=1e-5)
+
+
+def test_head_init_reproduces_the_target_logits_of_its_last_state():
+    """norm(out) @ lm_head.T at init equals the target's own logits (final norm included)."""
+    torch.manual_seed(0)
+    H, V = 16, 12
+    cfg = DrafterConfig(H, 32, 2, 1, 8, num_aux=3, vocab_size=V, draft_vocab_size=5)
+    model = Drafter(cfg)
+    draft_tokens = torch.tensor([0, 3, 4, 8, 11])
+    model.set_vocab(draft_tokens - torch.arange(5), torch.zeros(V, dtype=torch.bool))
+    head, norm_w = torch.randn(V, H), 1.0 + torch.rand(H)
+    model.init_head_from_target(head, norm_w)
+    target_norm = RMSNorm(H, cfg.rms_norm_eps)
+    target_norm.weight.data.copy_(norm_w)
+    state = 3.0 * torch.randn(7, H)  # the target's last pre-norm state
+    want = (target_norm(state) @ head.T)[:, draft_tokens]
+    torch.testing.assert_close(model.logits(state), want)
+
+
+def test_bigram_against_counting():
+    g = torch.Generator().manual_seed(0)
+    V, n = 7, 400
+    tok = torch.randint(0, V - 1, (n,), generator=g)  # token V-1 never seen in training
+    lab = tok * 3 + torch.randint(0, 3, (n,), generator=g) * (torch.rand(n, generator=g) < 0.3)
+    lab = lab % V
+    train = Rows(torch.zeros(n, 1), torch.zeros(n, 1), tok, lab)
+    held_tok = torch.arange(V).repeat(5)
+    held_lab = torch.randint(0, V, (len(held_tok),), generator=g)
+    held = Rows(torch.zeros(len(held_tok), 1), torch.zeros(len(held_tok), 1), held_tok, held_lab)
+    counts = collections.defaultdict(collections.Counter)
+    for a, b in zip(tok.tolist(), lab.tolist(), strict=True):
+        counts[a][b] += 1
+    overall = collections.Counter(lab.tolist())
+    fallback = min(overall, key=lambda y: (-overall[y], y))
+    table = {a: min(c, key=lambda y: (-c[y], y)) for a, c in counts.items()}
+    want = sum(
+        table.get(a, fallback) == b
+        for a, b in zip(held_tok.tolist(), held_lab.tolist(), strict=True)
+    )
+    assert bigram(train, held, V) == pytest.approx(want / len(held_tok))
+
+
+def test_read_rows_are_the_rows_acc0_scores(tmp_path):
+    """Row t: aux_t, x_{t+1}, label greedy[t+1]; kept when token t+2 is a loss-mask token."""
+    import numpy as np
+
+    from eyrie.store import ShardWriter
+
+    rng = np.random.default_rng(0)
+    H, k, V = 8, 2, 11
+    head = torch.randn(V, H)
+    samples = []
+    path = tmp_path / "s.zarr"
+    with ShardWriter(path, hidden_size=H, aux_layer_ids=[0, 1], provenance={}) as w:
+        for i, T in enumerate((6, 2, 9)):
+            ids = torch.from_numpy(rng.integers(0, V, T))
+            mask = torch.from_numpy(rng.random(T) < 0.7)
+            aux = torch.randn(T, k, H).bfloat16()
+            fin = torch.randn(T, H).bfloat16()
+            w.append(f"s{i}", ids, mask, aux, fin)
+            samples.append((ids, mask, aux, fin))
+        w.finish()
+    rows = read_rows([path], head, max_len=7)
+    want_tok, want_lab, want_aux = [], [], []
+    for ids, mask, aux, fin in samples:
+        T = min(len(ids), 7)
+        for t in range(T - 2):
+            if mask[t + 2]:
+                want_tok.append(int(ids[t + 1]))
+                want_lab.append(int((fin[t + 1].float() @ head.T).argmax()))
+                want_aux.append(aux[t].flatten())
+    assert rows.token.tolist() == want_tok
+    assert rows.label.tolist() == want_lab
+    assert torch.equal(rows.aux, torch.stack(want_aux))
+
+
+def self_peak_fraction(model, x, cfg) -> float:
+    """Fraction of (head, row) pairs whose largest causal score is on the row itself."""
+    from eyrie.drafter import apply_rope, rope_cos_sin
+
+    a, T = model.midlayer.self_attn, len(x)
+    q = a.q_proj(x).view(T, a.nh, a.hd).transpose(0, 1)
+    k = a.k_proj(x).view(T, a.nkv, a.hd).transpose(0, 1)
+    cos, sin = rope_cos_sin(torch.arange(T), a.hd, cfg.rope_theta, x.dtype)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    hits = []
+    for h in range(a.nh):
+        scores = (q[h] @ k[h // (a.nh // a.nkv)].T).masked_fill(future, float("-inf"))
+        hits.append((scores.argmax(-1) == torch.arange(T)).float().mean())
+    return float(torch.stack(hits).mean())
+
+
+def test_self_attention_init_peaks_each_row_on_itself():
+    """With q = k at init a row's largest attention score is (almost always) on itself."""
+    torch.manual_seed(0)
+    H, T = 64, 48
+    cfg = DrafterConfig(H, 64, 4, 2, 16, num_aux=3, vocab_size=50, draft_vocab_size=50)
+    x = torch.randn(T, 2 * H)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))  # normed, as the layer feeds it
+    model = Drafter(cfg)
+    assert self_peak_fraction(model, x, cfg) < 0.5  # random q, k
+    model.init_attention_to_self()
+    assert self_peak_fraction(model, x, cfg) > 0.9

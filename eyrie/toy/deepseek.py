@@ -119,6 +119,12 @@ def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool 
     config = json.loads((tmp / "config.json").read_text())
     config.update(SGLANG_KEYS)
     config["eyrie_toy"] = {"seed": seed, "tiny": tiny}
+    return finish_folder(tmp, out, tokenizer_dir, config)
+
+
+def finish_folder(tmp: Path, out: Path, tokenizer_dir: Path, config: dict) -> Path:
+    """Write config.json and the tokenizer into the folder being built, then put it in place
+    of `out` (a toy is rebuilt whole, never half-written over an old one)."""
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).exists():
@@ -128,14 +134,19 @@ def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool 
     return out
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def toy_main(build_fn, doc: str, argv=None) -> None:
+    """The command line of a toy builder: --out, --tokenizer, --seed, --tiny."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--tokenizer", default="models/toy-llama")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="a few-MB model for tests")
     args = p.parse_args(argv)
-    print(build(args.out, args.tokenizer, args.seed, args.tiny))
+    print(build_fn(args.out, args.tokenizer, args.seed, args.tiny))
+
+
+def main(argv=None) -> None:
+    toy_main(build, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,7 @@ keys SGLang's modules read in `vision_config`. Prompts are text only.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,9 +27,10 @@ from eyrie.toy.deepseek import (
     SERVED,
     SGLANG_KEYS,
     TINY,
-    TOKENIZER_FILES,
+    finish_folder,
     seeded_init_,
     toy_deepseek_config,
+    toy_main,
 )
 
 ARCHITECTURE = "KimiK25ForConditionalGeneration"
@@ -182,23 +181,11 @@ def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).exists():
-            shutil.copy2(tokenizer_dir / name, tmp / name)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return finish_folder(tmp, out, tokenizer_dir, config)
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--tokenizer", default="models/toy-llama")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tiny", action="store_true", help="a few-MB model for tests")
-    args = p.parse_args(argv)
-    print(build(args.out, args.tokenizer, args.seed, args.tiny))
+    toy_main(build, __doc__, argv)
 
 
 if __name__ == "__main__":

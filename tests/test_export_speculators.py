@@ -41,6 +41,7 @@ SPECULATORS = [
     "aiohttp==3.14.5",
     "protobuf==7.36.2",
     "hs-connectors==0.9.0",
+    "sniffio==1.3.1",
 ]
 T = 128  # speculators' flex-attention block mask is built for 128-token blocks
 

@@ -36,7 +36,7 @@ def uses_gpu(config: dict, rule: str) -> bool:
     Validation re-runs the target for its spot checks on capture.device; there `auto` asks for
     nothing (set capture.device to cuda to get GPUs on a cluster). Training and evaluation
     (evaluate_*) ask for GPUs unless their own device is cpu; evaluate_sglang only when SGLang
-    serves the target.
+    serves the target; evaluate_baselines never (it runs on the CPU).
     """
     capture = config.get("capture", {})
     on_cuda = capture.get("device") == "cuda"
@@ -48,6 +48,8 @@ def uses_gpu(config: dict, rule: str) -> bool:
         return config.get("train", {}).get("device") != "cpu"
     if rule == "evaluate_sglang":  # without SGLang it only records "not run", on the spot
         return capture.get("backend") == "sglang"
+    if rule == "evaluate_baselines":  # a count table and a small probe, on the CPU
+        return False
     if rule == "evaluate" or rule.startswith("evaluate_"):
         return config.get("evaluate", {}).get("device") != "cpu"
     return False

@@ -45,6 +45,7 @@ rule evaluate_baselines:
     input:
         train=expand(f"{R}/store/train/shard-{{shard}}.zarr", shard=SHARDS),
         heldout=expand(f"{R}/store/heldout/shard-{{shard}}.zarr", shard=SHARDS),
+        tables=error_tables("train") + error_tables("heldout"),  # see extract.smk
         # a gate, not data: a rerun of validation alone (e.g. a new threshold) does not rerun it
         validated=ancient(f"{R}/validate/summary.csv"),
         target=target_config(),
@@ -56,6 +57,8 @@ rule evaluate_baselines:
         probe_epochs=EVAL["baselines"]["probe_epochs"],
         probe_width=EVAL["baselines"]["probe_width"],
     threads: 2
+    resources:
+        cpus_per_task=2,  # a CPU job (eyrie/resources.py): SLURM's -c is its threads
     log:
         f"{R}/logs/evaluate/baselines.log",
     benchmark:

@@ -106,7 +106,11 @@ def verdict(inp: Inputs) -> str:
     accs = [f"acc_0 {_pct(acc[0] if acc else None)}"]
     b = inp.baselines or {}
     if acc and b.get("probe"):  # the drafter's step-0 inputs without attention over the context
-        accs[0] += f" (probe {_pct(b['probe']['acc'])}, bigram {_pct(b.get('bigram_acc'))})"
+        probe = b["probe"]
+        accs[0] += (
+            f" ({probe.get('epochs', '?')}-epoch probe {_pct(probe['acc'])}, "
+            f"bigram {_pct(b.get('bigram_acc'))})"
+        )
     if len(cond) > 1:
         accs.append(f"acc_1|0 {_pct(cond[1])}")
     taus = a.get("tau_by_draft_tokens") or []

@@ -148,7 +148,7 @@ def test_baselines_stand_beside_acc0(tmp_path):
 
     base = {"scored_heldout": 600, "bigram_acc": 0.27, "probe": {"acc": 0.42, "epochs": 1}}
     text = summary_markdown(Inputs(acceptance=ACCEPTANCE, baselines=base))
-    assert "acc_0 78 % (probe 42 %, bigram 27 %)" in text.splitlines()[0]
+    assert "acc_0 78 % (1-epoch probe 42 %, bigram 27 %)" in text.splitlines()[0]
     assert "| the drafter, acc_0 | 78 % |" in text
     assert "| MLP probe per position on [aux_t, embed(x_{t+1})], 1 epoch(s) | 42 % |" in text
     assert "does not beat" not in text

@@ -328,6 +328,28 @@ def resume_plan(
     return groups, bar
 
 
+def place_store(work_store, work_errors, out_store, errors_csv, errors, sources) -> None:
+    """Put a finished scratch store and its errors table in place (both backends).
+
+    The table is copied, not moved, until the store is in place: a job killed between the two
+    steps is rerun by Snakemake, which resumes the finished scratch store and its table.
+    """
+    write_errors(work_errors, errors, sources)
+    atomic.copy(work_errors, errors_csv)
+    atomic.replace_folder(work_store, out_store)
+    work_errors.unlink()
+
+
+def close_outcome(outcome, work_store, errors, good, max_tokens, seconds, start) -> None:
+    """The outcome's error counts, cuts and timings, once the store is in place."""
+    with contextlib.suppress(OSError):
+        work_store.parent.rmdir()  # only when empty
+    outcome.errors = _count(errors)
+    count_cuts(outcome, good, errors, max_tokens)
+    seconds["total"] = time.perf_counter() - start
+    outcome.seconds = seconds
+
+
 def extract_shard(
     *,
     data_path: str | Path,
@@ -478,12 +500,7 @@ def extract_shard(
             outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
         finally:
             writer.close()
-        write_errors(work_errors, errors, sources)
-        # The table is copied, not moved, until the store is in place: a job killed between the
-        # two steps is rerun by Snakemake, which resumes the finished scratch store and its table.
-        atomic.copy(work_errors, errors_csv)
-        atomic.replace_folder(work_store, out_store)
-        work_errors.unlink()
+        place_store(work_store, work_errors, out_store, errors_csv, errors, sources)
     except OSError as exc:
         if not is_disk_full(exc):
             raise
@@ -492,12 +509,7 @@ def extract_shard(
         ) from exc
     finally:
         lock.release()
-    with contextlib.suppress(OSError):
-        work_store.parent.rmdir()  # only when empty
-    outcome.errors = _count(errors)
-    count_cuts(outcome, good, errors, max_tokens)
-    seconds["total"] = time.perf_counter() - start
-    outcome.seconds = seconds
+    close_outcome(outcome, work_store, errors, good, max_tokens, seconds, start)
     log.info(
         "%s: %d samples, %d tokens, %d errors %s",
         out_store,

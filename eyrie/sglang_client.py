@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyrie import atomic
 from eyrie.disk_full import for_extract, is_disk_full
 from eyrie.extract import ExtractError
 from eyrie.sglang_patch import dump as proto
@@ -641,10 +640,7 @@ def extract_shard_sglang(
             outcome = ex.Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
         finally:
             writer.close()
-        ex.write_errors(work_errors, errors, sources)
-        atomic.copy(work_errors, errors_csv)
-        atomic.replace_folder(work_store, out_store)
-        work_errors.unlink()
+        ex.place_store(work_store, work_errors, out_store, errors_csv, errors, sources)
     except OSError as exc:
         if not is_disk_full(exc):
             raise
@@ -653,12 +649,7 @@ def extract_shard_sglang(
         ) from exc
     finally:
         lock.release()
-    with contextlib.suppress(OSError):
-        work_store.parent.rmdir()
-    outcome.errors = ex._count(errors)
-    ex.count_cuts(outcome, good, errors, max_tokens)
-    seconds["total"] = time.perf_counter() - start
-    outcome.seconds = seconds
+    ex.close_outcome(outcome, work_store, errors, good, max_tokens, seconds, start)
     if stats is not None:
         outcome.seconds["dump_wait"] = stats.waited_s
         log.info(

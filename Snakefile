@@ -3,7 +3,7 @@
 
 from snakemake.utils import min_version, validate
 
-from eyrie.config_cli import check_config
+from eyrie.cli.config import check_config
 
 min_version("9.0")
 

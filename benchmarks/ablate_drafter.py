@@ -36,8 +36,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from eyrie import draft_vocab
-    from eyrie.train import train
+    from eyrie.train import vocab as draft_vocab
+    from eyrie.train.trainer import train
 
     r = Path(args.results)
     tr = sorted((r / "store" / "train").glob("shard-*.zarr"))
@@ -66,7 +66,7 @@ def main() -> None:
         )
         wall = time.time() - t0
         if args.accept_steps:  # the evaluate stage's metric on the same held-out rows
-            from eyrie.acceptance import evaluate_stores, load_drafter
+            from eyrie.evaluate.acceptance import evaluate_stores, load_drafter
 
             model, meta = load_drafter(Path(tmp) / "out" / "drafter")
             acc = evaluate_stores(

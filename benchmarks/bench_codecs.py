@@ -1,8 +1,8 @@
 """Lossless (and bit-rounded) codecs for bf16 hidden states, on real activations of the toys.
 
-The hidden states come from the project's own capture (eyrie.capture_hf.HFCapture) run
+The hidden states come from the project's own capture (eyrie.extract.hf.HFCapture) run
 in-process on shipped chat samples: toy-llama (models/toy-llama) and toy-deepseek (built by
-eyrie/toy/deepseek.py, the tiny variant by default). They are cut into the store's chunks
+eyrie/target/toy/deepseek.py, the tiny variant by default). They are cut into the store's chunks
 (aux (c, k, H) and final (c, H) uint16, c = 256 tokens) and each candidate compresses every
 chunk on its own, as the store does. Printed per target: bytes/token and the ratio to raw
 bf16, compress and decompress MB/s (of raw bytes, one thread), whether zarr can express the
@@ -38,7 +38,7 @@ from numcodecs import Blosc, Zstd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eyrie.store_codecs import round_bf16_bits  # noqa: E402
+from eyrie.store.codecs import round_bf16_bits  # noqa: E402
 
 MIB = 1 << 20
 
@@ -77,11 +77,11 @@ def split_mode_is_safe() -> list[str]:
 
 def capture_states(target_path: Path, data: Path, samples: int, max_tokens: int, batch: int):
     """aux (T, k, H) and final (T, H) uint16 bf16 bits of the first `samples` good samples."""
-    from eyrie.capture_hf import HFCapture
-    from eyrie.chat_tokens import SampleError, tokenize_chat
-    from eyrie.extract import resolve_aux_layer_ids
-    from eyrie.store import bf16_bits
-    from eyrie.target import load_target, num_hidden_layers
+    from eyrie.data.chat_tokens import SampleError, tokenize_chat
+    from eyrie.extract.hf import HFCapture
+    from eyrie.extract.shard import resolve_aux_layer_ids
+    from eyrie.store.shard import bf16_bits
+    from eyrie.target.load import load_target, num_hidden_layers
 
     target = load_target(target_path, device="cpu")
     aux_ids = resolve_aux_layer_ids(None, num_hidden_layers(target_path))
@@ -183,7 +183,7 @@ class Planes:
 
 
 class Rounded:
-    """Bit rounding to `keep` mantissa bits (eyrie.store_codecs, numcodecs' BitRound) first."""
+    """Bit rounding to `keep` mantissa bits (eyrie.store.codecs, numcodecs' BitRound) first."""
 
     def __init__(self, keep, inner):
         self.keep, self.inner = keep, inner
@@ -355,7 +355,7 @@ def main(argv=None) -> int:
             if name == "toy-llama":
                 path = ROOT / "models" / "toy-llama"
             else:
-                from eyrie.toy.deepseek import build
+                from eyrie.target.toy.deepseek import build
 
                 path = build(
                     Path(tmp) / "toy-deepseek",

@@ -9,7 +9,7 @@ run on the same chat samples (their real lengths).
 
 The baseline runs the target on exactly the batches extraction runs (same samples, same padding,
 same order), with no hooks and nothing kept: the cost any capture must pay. Extraction is timed
-by eyrie.extract itself, without its setup (model load, tokenization, hashing): capture (forward
+by eyrie.extract.shard itself, without its setup (model load, tokenization, hashing): capture (forward
 with hooks up to the final norm, copies to the CPU) plus write (bf16 bits, compression, commits).
 Both use the same loaded, warmed-up model; runs alternate and the median of each is reported,
 with the machine. On a shared machine, run it when nothing else does: the ratio is only as
@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tiny_target, for a stand-in when toy-llama is absent
 
-from eyrie.extract import _batches, _groups, _tokenize, extract_shard, read_split  # noqa: E402
-from eyrie.target import load_target, resolve_device  # noqa: E402
+from eyrie.extract.shard import _batches, _groups, _tokenize, extract_shard, read_split  # noqa: E402
+from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
 
 def machine(device: str) -> str:

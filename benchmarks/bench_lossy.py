@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eyrie.store import ShardReader, ShardWriter, bf16_bits  # noqa: E402
+from eyrie.store.shard import ShardReader, ShardWriter, bf16_bits  # noqa: E402
 
 
 def rewrite(src: Path, dst: Path, precision: str) -> Path:
@@ -82,7 +82,7 @@ def sizes(paths: list[Path]) -> dict:
 
 
 def train_one(job: dict) -> dict:
-    from eyrie.train import train
+    from eyrie.train.trainer import train
 
     torch.set_num_threads(job["threads"])
     t0 = time.perf_counter()

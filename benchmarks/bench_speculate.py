@@ -1,6 +1,6 @@
 """Speculative decoding against plain greedy decoding of the same prompts (same run, batch 1).
 
-Both use eyrie.speculate's one KV-cache code path (transformers DynamicCache; the target runs
+Both use eyrie.evaluate.speculate's one KV-cache code path (transformers DynamicCache; the target runs
 once per token in plain decoding, once per verify step in speculation). Runs alternate per
 prompt, after a warm-up; tokens/s count new tokens over wall-clock time, prefill included.
 Prints the machine, both tokens/s, the ratio, the mean accept length (tokens per verify step,
@@ -27,12 +27,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eyrie import speculate as sp  # noqa: E402
+from eyrie.evaluate import speculate as sp  # noqa: E402
 
 
 def untrained_pair(target_dir: Path, device, dtype: str, aux: list[int]):
-    from eyrie.drafter import Drafter, DrafterConfig
-    from eyrie.target import load_model, load_tokenizer
+    from eyrie.target.load import load_model, load_tokenizer
+    from eyrie.train.model import Drafter, DrafterConfig
 
     model, _ = load_model(target_dir, device)
     model = model.to(device, sp.DTYPES[dtype])

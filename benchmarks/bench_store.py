@@ -1,6 +1,6 @@
 """Shard store vs one torch.save file per sample: bytes on disk, write time, random-read rate.
 
-Both formats hold the same synthetic activation-like samples (eyrie.store.synthetic_activations).
+Both formats hold the same synthetic activation-like samples (eyrie.store.shard.synthetic_activations).
 Reads come from the page cache right after writing, so they measure decoding cost, not disk
 speed; on a real disk the smaller store also reads fewer bytes.
 
@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 import zarr
 
-from eyrie.store import ShardDataset, ShardReader, ShardWriter, synthetic_activations
+from eyrie.store.shard import ShardDataset, ShardReader, ShardWriter, synthetic_activations
 
 
 class PtFiles(torch.utils.data.Dataset):

@@ -4,7 +4,7 @@
     python benchmarks/drafter_baselines.py --train-stores A.zarr B.zarr --heldout-stores C.zarr \
         --target models/toy-llama --drafter-json results/evaluate/acceptance.json
 
-Baselines (eyrie/baselines.py): the bigram table x_{t+1} -> most frequent greedy[t+1] (fit on
+Baselines (eyrie/evaluate/baselines.py): the bigram table x_{t+1} -> most frequent greedy[t+1] (fit on
 the train stores) and the per-position 2-layer MLP probe on the drafter's own step-0 inputs
 [aux_t, embed(x_{t+1})], and with final_t too; every one scored on the held-out rows acc_0 is
 scored on (loss-mask token at t+2, target = the target's greedy token at t+1, full vocabulary).
@@ -37,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from eyrie.baselines import measure
+    from eyrie.evaluate.baselines import measure
 
     r = Path(args.results)
     train = args.train_stores or sorted((r / "store" / "train").glob("shard-*.zarr"))

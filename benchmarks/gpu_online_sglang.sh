@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Speculative decoding on one GPU: the transformers loop on CUDA (benchmarks/bench_speculate.py)
 # and SGLang's own acceptance and speed, with and without the exported EAGLE-3 drafter
-# (python -m eyrie.online_sglang). Both print the machine, plain and speculative tokens/s, the
+# (python -m eyrie.evaluate.online). Both print the machine, plain and speculative tokens/s, the
 # ratio and the accept length; results land in $OUT.
 #
 # Needs the GPU kit of shared/gpu/README.md (SGLang 0.5.12 and its wheels): piece 1 copied to
@@ -65,7 +65,7 @@ if [[ $MODE == both || $MODE == sglang ]]; then
   [[ -f $EXPORT/config.json ]] || { echo "missing $EXPORT/config.json" >&2; exit 2; }
   python3 -c 'import sglang; print("sglang", sglang.__version__)'
   echo "== SGLang online, EAGLE-3 chains of $SGLANG_K drafts"
-  python3 -m eyrie.online_sglang --target "$TARGET" --draft "$EXPORT" --prompts-jsonl "$DATA" \
+  python3 -m eyrie.evaluate.online --target "$TARGET" --draft "$EXPORT" --prompts-jsonl "$DATA" \
     --prompts "$PROMPTS" --max-new-tokens "$MAX_NEW" --draft-tokens "$SGLANG_K" \
     --launch-timeout "$SGLANG_TIMEOUT" --cuda-graph "$CUDA_GRAPH" --out "$OUT/online_sglang.json" \
     --log-dir "$OUT/sglang-logs" 2>&1 | tee "$OUT/online_sglang.txt" || status=1

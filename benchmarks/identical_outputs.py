@@ -15,10 +15,10 @@ ids, dtype, sampling backend).
     python benchmarks/identical_outputs.py --plain plain.json --spec spec.json --target T \
         [--prompts-jsonl data/chat/heldout.jsonl]
 
-Inputs: eyrie.online_sglang's JSON (per mode, ``runs.plain.rows`` and ``runs.eagle3.rows``:
+Inputs: eyrie.evaluate.online's JSON (per mode, ``runs.plain.rows`` and ``runs.eagle3.rows``:
 ``id``, ``output_ids`` and the prompt's ``input_ids``), or two files each holding such rows (a
 list, or an object with ``rows``). Rows without ``input_ids`` take the prompts from
-``--prompts-jsonl`` (eyrie.speculate.load_prompts, the same chat template), matched by id.
+``--prompts-jsonl`` (eyrie.evaluate.speculate.load_prompts, the same chat template), matched by id.
 Prints a Markdown table (and writes it to ``--out``); needs torch and transformers only, plus
 Eyrie for ``--prompts-jsonl``.
 """
@@ -57,7 +57,7 @@ def rows_of(obj, path: str, mode: str | None = None, run: str | None = None) -> 
         isinstance(r, dict) and "id" in r and "output_ids" in r for r in rows
     ):
         raise InputError(
-            f"{path}: expected rows with 'id' and 'output_ids' (eyrie.online_sglang's JSON, or "
+            f"{path}: expected rows with 'id' and 'output_ids' (eyrie.evaluate.online's JSON, or "
             "a list of such rows)"
         )
     return rows
@@ -149,12 +149,14 @@ def _read(path: str):
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc}") from None
     except ValueError as exc:
-        raise InputError(f"{path} is not JSON ({exc}); give eyrie.online_sglang's output") from None
+        raise InputError(
+            f"{path} is not JSON ({exc}); give eyrie.evaluate.online's output"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--online", help="eyrie.online_sglang's JSON (both servers' outputs)")
+    ap.add_argument("--online", help="eyrie.evaluate.online's JSON (both servers' outputs)")
     ap.add_argument("--mode", help="with --online: cuda_graph or eager (default: its headline)")
     ap.add_argument("--plain", help="plain server's rows (instead of --online)")
     ap.add_argument("--spec", help="EAGLE-3 server's rows (instead of --online)")
@@ -176,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = {}
         if args.prompts_jsonl:
             sys.path.insert(0, str(ROOT))
-            from eyrie.speculate import load_prompts
-            from eyrie.target import load_tokenizer
+            from eyrie.evaluate.speculate import load_prompts
+            from eyrie.target.load import load_tokenizer
 
             loaded = load_prompts(args.prompts_jsonl, load_tokenizer(args.target), len(plain))
             prompts = {p["id"]: p["input_ids"] for p in loaded}

@@ -36,7 +36,7 @@ def convert(args) -> None:
     from datasets import Dataset
     from safetensors.torch import load_file, save_file
 
-    from eyrie.store import ShardReader
+    from eyrie.store.shard import ShardReader
 
     norm_w = load_file(str(Path(args.target) / "model.safetensors"))["model.norm.weight"].float()
     out = Path(args.out)
@@ -89,9 +89,9 @@ def train(argv: list[str]) -> None:
 def score(args) -> None:
     from safetensors.torch import load_file
 
-    from eyrie.acceptance import evaluate_stores
-    from eyrie.drafter import Drafter, DrafterConfig
-    from eyrie.store import ShardReader
+    from eyrie.evaluate.acceptance import evaluate_stores
+    from eyrie.store.shard import ShardReader
+    from eyrie.train.model import Drafter, DrafterConfig
 
     sd = load_file(str(Path(args.checkpoint) / "model.safetensors"))
     target = json.loads((Path(args.target) / "config.json").read_text())

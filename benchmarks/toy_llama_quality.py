@@ -18,8 +18,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eyrie.toy.llama import encode_split, evaluate, unigram_baseline
-from eyrie.toy.tokenizer import read_messages
+from eyrie.target.toy.llama import encode_split, evaluate, unigram_baseline
+from eyrie.target.toy.tokenizer import read_messages
 
 
 def main() -> None:

@@ -58,7 +58,7 @@ rule evaluate_baselines:
         probe_width=EVAL["baselines"]["probe_width"],
     threads: 2
     resources:
-        cpus_per_task=2,  # a CPU job (eyrie/resources.py): SLURM's -c is its threads
+        cpus_per_task=2,  # a CPU job (eyrie/common/resources.py): SLURM's -c is its threads
     log:
         f"{R}/logs/evaluate/baselines.log",
     benchmark:

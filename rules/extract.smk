@@ -10,7 +10,7 @@
 # Snakemake deletes outputs in the order they are listed: the errors table (one unlink) goes
 # first, so a half-deleted store always comes with a missing table, and the next run redoes
 # the job for that missing output. The job itself replaces a store by renaming, never by a
-# deletion a kill could cut short (eyrie.atomic.replace_folder). Rules that read stores
+# deletion a kill could cut short (eyrie.common.atomic.replace_folder). Rules that read stores
 # also take their errors tables as input (error_tables() in rules/common.smk), and a store
 # found half deleted is reported when the workflow is parsed (rules/common.smk).
 

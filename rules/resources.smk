@@ -1,7 +1,7 @@
 # Cluster requests (GPUs, CPUs, memory, runtime, partition, account, extra sbatch flags) for
-# every rule, from config["resources"] (eyrie/resources.py, docs/cluster.md). Included last in
+# every rule, from config["resources"] (eyrie/common/resources.py, docs/cluster.md). Included last in
 # the Snakefile, so rules added later get their requests without declaring any.
 
-from eyrie.resources import apply_to_rules
+from eyrie.common.resources import apply_to_rules
 
 apply_to_rules(workflow, config)

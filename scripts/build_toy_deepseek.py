@@ -1,9 +1,9 @@
-"""Snakemake adapter for rule build_toy_deepseek: eyrie.toy.deepseek.build."""
+"""Snakemake adapter for rule build_toy_deepseek: eyrie.target.toy.deepseek.build."""
 
 import contextlib
 from pathlib import Path
 
-from eyrie.toy.deepseek import build
+from eyrie.target.toy.deepseek import build
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

@@ -1,9 +1,9 @@
-"""Snakemake adapter for rule build_toy_kimi: eyrie.toy.kimi.build."""
+"""Snakemake adapter for rule build_toy_kimi: eyrie.target.toy.kimi.build."""
 
 import contextlib
 from pathlib import Path
 
-from eyrie.toy.kimi import build
+from eyrie.target.toy.kimi import build
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

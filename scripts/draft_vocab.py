@@ -4,7 +4,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from eyrie import draft_vocab
+from eyrie.train import vocab as draft_vocab
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

@@ -4,8 +4,8 @@ import contextlib
 
 import torch
 
-from eyrie.atomic import write_json
-from eyrie.baselines import measure
+from eyrie.common.atomic import write_json
+from eyrie.evaluate.baselines import measure
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from eyrie.atomic import write_json
-from eyrie.draft_vocab import load as load_vocab
-from eyrie.export import export, target_embedding
-from eyrie.export_check import Expectation, check_export, served_layers
-from eyrie.store import ShardReader
+from eyrie.common.atomic import write_json
+from eyrie.export.check import Expectation, check_export, served_layers
+from eyrie.export.drafter import export, target_embedding
+from eyrie.store.shard import ShardReader
+from eyrie.train.vocab import load as load_vocab
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

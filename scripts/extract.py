@@ -1,14 +1,14 @@
-"""Snakemake adapter for rule extract: eyrie.extract.extract_shard on the rule's files."""
+"""Snakemake adapter for rule extract: eyrie.extract.shard.extract_shard on the rule's files."""
 
 import contextlib
 import logging
 
 import torch
 
-from eyrie.chat_tokens import SampleError
-from eyrie.extract import ExtractError, extract_shard
-from eyrie.store import StoreError
-from eyrie.target import TargetError
+from eyrie.data.chat_tokens import SampleError
+from eyrie.extract.shard import ExtractError, extract_shard
+from eyrie.store.shard import StoreError
+from eyrie.target.load import TargetError
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

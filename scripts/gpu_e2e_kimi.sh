@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wrapper chain live on one GPU (eyrie/sglang_kimi_e2e.py): builds toy-kimi-k25
+# The wrapper chain live on one GPU (eyrie/sglang/kimi_e2e.py): builds toy-kimi-k25
 # (KimiK25ForConditionalGeneration around toy-deepseek's MLA + MoE language model), runs the
 # workflow's own extract rule with capture.backend: sglang through snakemake
 # (tests/configs/gpu-kimi.yaml: 64 samples, 256-token prefill chunks), validates the store with
@@ -16,7 +16,7 @@
 # .gpu/w3 is installed into /tmp/site here when it is present and zarr is not importable yet.
 # Results (at most 8 files: summary.json, summary.md, compare.json, validate.json,
 # manifest.json, negative.json, logs.txt) go to $OUT (default benchmarks/out/gpu-kimi). Extra
-# arguments go to `python3 -m eyrie.sglang_kimi_e2e` (e.g. --standin for a CPU rehearsal, or
+# arguments go to `python3 -m eyrie.sglang.kimi_e2e` (e.g. --standin for a CPU rehearsal, or
 # `--import-hook --budget-s 380` with LIMIT_S=400 to also force the import-hook mechanism).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,4 +50,4 @@ fi
 
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-exec timeout --signal=TERM --kill-after=10 "${LIMIT_S:-350}" python3 -m eyrie.sglang_kimi_e2e --out "$OUT" "$@"
+exec timeout --signal=TERM --kill-after=10 "${LIMIT_S:-350}" python3 -m eyrie.sglang.kimi_e2e --out "$OUT" "$@"

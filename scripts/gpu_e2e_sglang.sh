@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The SGLang backend end to end on one GPU (eyrie/sglang_e2e.py): builds toy-deepseek, runs the
+# The SGLang backend end to end on one GPU (eyrie/sglang/e2e.py): builds toy-deepseek, runs the
 # workflow's own extract rule with capture.backend: sglang through snakemake
 # (tests/configs/gpu-sglang.yaml: 240 samples, 256-token prefill chunks), validates the store
 # with zero errors, extracts the same samples with the transformers backend (cuda, bf16) and
@@ -17,7 +17,7 @@
 # SGLang's, already in /tmp/site, which pip does not look at there).
 # Results (at most 8 files: summary.json, summary.md, compare.json, validate.json,
 # manifest.json, logs.txt) go to $OUT (default benchmarks/out/gpu-sglang). Extra arguments go to
-# `python3 -m eyrie.sglang_e2e` (e.g. --skip-bench, --standin for a CPU rehearsal).
+# `python3 -m eyrie.sglang.e2e` (e.g. --skip-bench, --standin for a CPU rehearsal).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,4 +52,4 @@ fi
 
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-exec timeout --signal=TERM --kill-after=30 600 python3 -m eyrie.sglang_e2e --out "$OUT" "$@"
+exec timeout --signal=TERM --kill-after=30 600 python3 -m eyrie.sglang.e2e --out "$OUT" "$@"

@@ -3,9 +3,9 @@
 
 import contextlib
 
-from eyrie.atomic import write_json
-from eyrie.evaluate_cli import known_errors, run_online
-from eyrie.online_sglang import not_run
+from eyrie.cli.evaluate import known_errors, run_online
+from eyrie.common.atomic import write_json
+from eyrie.evaluate.online import not_run
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

@@ -1,8 +1,8 @@
-"""Snakemake adapter for rule patch_server: eyrie.sglang_patch.bundle on verify_env's report."""
+"""Snakemake adapter for rule patch_server: eyrie.sglang.patch.bundle on verify_env's report."""
 
 import contextlib
 
-from eyrie.sglang_patch.bundle import PatchError, bundle_from_config
+from eyrie.sglang.patch.bundle import PatchError, bundle_from_config
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

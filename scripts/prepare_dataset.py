@@ -1,8 +1,8 @@
-"""Snakemake adapter for rule prepare_dataset: eyrie.dataset.prepare on the rule's files."""
+"""Snakemake adapter for rule prepare_dataset: eyrie.data.dataset.prepare on the rule's files."""
 
 import contextlib
 
-from eyrie.dataset import DatasetError, prepare
+from eyrie.data.dataset import DatasetError, prepare
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

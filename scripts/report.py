@@ -3,7 +3,7 @@
 import contextlib
 from pathlib import Path
 
-from eyrie.evaluate_cli import run_report
+from eyrie.cli.evaluate import run_report
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

@@ -4,7 +4,7 @@ import contextlib
 
 import torch
 
-from eyrie.evaluate_cli import known_errors, run_speculate
+from eyrie.cli.evaluate import known_errors, run_speculate
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

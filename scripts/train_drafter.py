@@ -1,5 +1,5 @@
-"""Snakemake adapter for rule train_drafter: eyrie.train in this process, or with
-train.processes > 1 one process per GPU (DDP), started by eyrie.ddp_launch with the rendezvous
+"""Snakemake adapter for rule train_drafter: eyrie.train.trainer in this process, or with
+train.processes > 1 one process per GPU (DDP), started by eyrie.train.launch with the rendezvous
 on train.rdzv_host (null: 127.0.0.1 only)."""
 
 import contextlib
@@ -22,7 +22,7 @@ processes = int(settings.get("processes", 1))
 with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
     logging.basicConfig(stream=log, level=logging.INFO, format="%(levelname)s %(message)s")
     if processes == 1:
-        from eyrie.train import train
+        from eyrie.train.trainer import train
 
         torch.set_num_threads(sm.threads)
         train(
@@ -35,8 +35,8 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.re
             settings=settings,
             progress=False,
         )
-    else:  # the same run, through the CLI, one process each (eyrie/ddp_launch.py)
-        from eyrie.ddp_launch import launch
+    else:  # the same run, through the CLI, one process each (eyrie/train/launch.py)
+        from eyrie.train.launch import launch
 
         work.mkdir(parents=True, exist_ok=True)
         cfg_path = work / "config.yaml"
@@ -44,7 +44,7 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.re
         cmd = [
             sys.executable,
             "-m",
-            "eyrie.cli",
+            "eyrie.cli.main",
             "train",
             "--config",
             str(cfg_path),

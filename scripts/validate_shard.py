@@ -1,13 +1,13 @@
-"""Snakemake adapter for rule validate_shard: eyrie.validate.validate_shard, report as JSON."""
+"""Snakemake adapter for rule validate_shard: eyrie.validate.shard.validate_shard, report as JSON."""
 
 import contextlib
 
 import torch
 
-from eyrie.atomic import write_json
-from eyrie.extract import ExtractError
-from eyrie.target import TargetError
-from eyrie.validate import validate_shard
+from eyrie.common.atomic import write_json
+from eyrie.extract.shard import ExtractError
+from eyrie.target.load import TargetError
+from eyrie.validate.shard import validate_shard
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

@@ -2,7 +2,7 @@
 
 import contextlib
 
-from eyrie.validate import summarize
+from eyrie.validate.shard import summarize
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_target import build_llama
 
-from eyrie.acceptance import (
+from eyrie.evaluate.acceptance import (
     AcceptanceError,
     count_acceptance,
     evaluate_stores,
@@ -18,8 +18,8 @@ from eyrie.acceptance import (
     load_drafter,
     metrics,
 )
-from eyrie.drafter import Drafter, DrafterConfig, read_target_tensors
-from eyrie.store import ShardWriter
+from eyrie.store.shard import ShardWriter
+from eyrie.train.model import Drafter, DrafterConfig, read_target_tensors
 
 
 def test_hand_computed_example():
@@ -63,7 +63,7 @@ def test_everything_right_gives_tau_k():
 
 
 def test_acc_matches_the_training_metric():
-    from eyrie.train import ttt_terms
+    from eyrie.train.trainer import ttt_terms
 
     g = torch.Generator().manual_seed(0)
     B, T, K, V = 3, 20, 4, 7

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eyrie import atomic
+from eyrie.common import atomic
 
 
 def test_write_replaces_and_leaves_no_temporary(tmp_path):

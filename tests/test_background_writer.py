@@ -12,9 +12,9 @@ import pytest
 import zarr
 from tiny_target import build_llama, write_split
 
-from eyrie.background_writer import BackgroundWriter, InlineWriter, start_writer
-from eyrie.extract import extract_shard, work_paths
-from eyrie.store import ShardWriter, StoreError
+from eyrie.extract.shard import extract_shard, work_paths
+from eyrie.store.background import BackgroundWriter, InlineWriter, start_writer
+from eyrie.store.shard import ShardWriter, StoreError
 
 
 def test_jobs_run_in_order_on_one_thread():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_target import build_deepseek, build_llama
 
-from eyrie.capture_hf import CaptureError, HFCapture
+from eyrie.extract.hf import CaptureError, HFCapture
 
 LENGTHS = [5, 17, 1, 33, 9]
 

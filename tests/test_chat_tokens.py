@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tiny_target import CHAT_TEMPLATE, build_tokenizer, conversation
 
-from eyrie.chat_tokens import SampleError, TemplateError, tokenize_chat
+from eyrie.data.chat_tokens import SampleError, TemplateError, tokenize_chat
 
 TOY = Path(__file__).resolve().parents[1] / "models" / "toy-llama"
 

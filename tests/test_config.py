@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eyrie.config import ConfigError, check, load
-from eyrie.config_cli import reference
+from eyrie.cli.config import reference
+from eyrie.common.config import ConfigError, check, load
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from eyrie import chat_corpus
-from eyrie.cli import main
-from eyrie.dataset import DatasetError, prepare, read_chat
+from eyrie.cli.main import main
+from eyrie.data import chat_corpus
+from eyrie.data.dataset import DatasetError, prepare, read_chat
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "data" / "chat"
@@ -336,7 +336,7 @@ def test_rebuild_reproduces_the_shipped_files(tmp_path):
     here = (platform.python_version(), platform.python_implementation(), sys.platform)
     if recorded is None or recorded.groups() != here:
         pytest.skip(f"the shipped dataset was built on {recorded and recorded.groups()}")
-    cmd = [sys.executable, "-m", "eyrie.cli", "make-dataset", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "eyrie.cli.main", "make-dataset", "--out", str(tmp_path)]
     subprocess.run(cmd, check=True, cwd=tmp_path, capture_output=True, timeout=120)
     for name in ("train.jsonl", "heldout.jsonl", "README.md"):
         assert (tmp_path / name).read_bytes() == (SHIPPED / name).read_bytes(), name

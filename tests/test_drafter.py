@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eyrie.drafter import (
+from eyrie.train.model import (
     Drafter,
     DrafterConfig,
     DrafterError,

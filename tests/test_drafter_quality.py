@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eyrie.baselines import Rows, bigram, read_rows
-from eyrie.drafter import Drafter, DrafterConfig, RMSNorm
-from eyrie.loss import ttt_terms
+from eyrie.evaluate.baselines import Rows, bigram, read_rows
+from eyrie.train.loss import ttt_terms
+from eyrie.train.model import Drafter, DrafterConfig, RMSNorm
 
 
 def test_greedy_loss_is_cross_entropy_on_the_draft_id_of_the_greedy_token():
@@ -78,7 +78,7 @@ def test_read_rows_are_the_rows_acc0_scores(tmp_path):
     """Row t: aux_t, x_{t+1}, label greedy[t+1]; kept when token t+2 is a loss-mask token."""
     import numpy as np
 
-    from eyrie.store import ShardWriter
+    from eyrie.store.shard import ShardWriter
 
     rng = np.random.default_rng(0)
     H, k, V = 8, 2, 11
@@ -110,7 +110,7 @@ def test_read_rows_are_the_rows_acc0_scores(tmp_path):
 
 def self_peak_fraction(model, x, cfg) -> float:
     """Fraction of (head, row) pairs whose largest causal score is on the row itself."""
-    from eyrie.drafter import apply_rope, rope_cos_sin
+    from eyrie.train.model import apply_rope, rope_cos_sin
 
     a, T = model.midlayer.self_attn, len(x)
     q = a.q_proj(x).view(T, a.nh, a.hd).transpose(0, 1)

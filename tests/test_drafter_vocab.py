@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from eyrie import draft_vocab
-from eyrie.draft_vocab import VocabError, build, check_maps, count_tokens
-from eyrie.store import ShardWriter
+from eyrie.store.shard import ShardWriter
+from eyrie.train import vocab as draft_vocab
+from eyrie.train.vocab import VocabError, build, check_maps, count_tokens
 
 
 def test_build_takes_top_n_ties_to_lower_id():

@@ -11,15 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyrie.drafter import Drafter, DrafterConfig
-from eyrie.export import export
-from eyrie.export_check import (
+from eyrie.export.check import (
     Expectation,
     ExportError,
     check_export,
     config_layer_ids,
     served_layers,
 )
+from eyrie.export.drafter import export
+from eyrie.train.model import Drafter, DrafterConfig
 
 L, H, V, N = 8, 32, 96, 40
 
@@ -375,7 +375,7 @@ def test_four_aux_layers_refused(tmp_path):
 
 
 def test_check_export_cli(tmp_path, capsys):
-    from eyrie.cli import main
+    from eyrie.cli.main import main
 
     d, out = good_folder(tmp_path, "sglang")
     assert main(["check-export", str(out), "--engine", "sglang"]) == 0
@@ -390,9 +390,9 @@ def test_trained_drafter_exports_for_both_engines(tmp_path):
     against the store's own aux ids and the target's config, as the workflow does."""
     from test_train_setup import make_setup, tiny_settings
 
-    from eyrie.draft_vocab import load as load_vocab
-    from eyrie.store import ShardReader
-    from eyrie.train import train
+    from eyrie.store.shard import ShardReader
+    from eyrie.train.trainer import train
+    from eyrie.train.vocab import load as load_vocab
 
     s = make_setup(tmp_path, n_train=8, n_heldout=2)
     out = tmp_path / "train"

@@ -1,5 +1,5 @@
 """An exported folder against what the engines' own loaders do, re-typed here from their source
-independently of eyrie.export_check.
+independently of eyrie.export.check.
 
 SGLang 0.5.12, python/sglang/srt/models/llama_eagle3.py:
 - parameters (lines 44-82, 118-187, 250-282): model.embed_tokens (vocab, H); model.fc
@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file
 from test_export import L, V, fake_drafter
 
-from eyrie.export import export
+from eyrie.export.drafter import export
 
 STACKED = [
     (".qkv_proj", ".q_proj", "q"),

@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from test_export import fake_drafter
 from tiny_target import build_llama
 
-from eyrie.drafter import Drafter, DrafterConfig, shift_left
-from eyrie.export import export
+from eyrie.export.drafter import export
+from eyrie.train.model import Drafter, DrafterConfig, shift_left
 
 # speculators and what `import speculators` needs beyond this environment, pinned
 SPECULATORS = [

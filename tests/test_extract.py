@@ -21,8 +21,8 @@ import torch
 import zarr
 from tiny_target import build_llama, write_split
 
-from eyrie.extract import Interrupted, extract_shard, read_split, shard_members, work_paths
-from eyrie.target import TargetError
+from eyrie.extract.shard import Interrupted, extract_shard, read_split, shard_members, work_paths
+from eyrie.target.load import TargetError
 
 N = 24
 MAX_TOKENS = 80
@@ -184,8 +184,8 @@ def test_changed_setup_restarts_the_scratch_store(setup, tmp_path):
 DRIVER = textwrap.dedent(
     """
     import sys, time
-    import eyrie.capture_hf as cap
-    from eyrie.extract import extract_shard
+    import eyrie.extract.hf as cap
+    from eyrie.extract.shard import extract_shard
 
     slow = float(sys.argv[2])
     if slow:
@@ -300,7 +300,7 @@ def test_missing_target_names_the_key(setup, tmp_path):
 def test_target_without_chat_template_is_refused(setup, tmp_path):
     import shutil
 
-    from eyrie.target import load_tokenizer
+    from eyrie.target.load import load_tokenizer
 
     _, target, _ = setup
     copy = shutil.copytree(target, tmp_path / "t")
@@ -313,7 +313,7 @@ def test_target_without_chat_template_is_refused(setup, tmp_path):
 
 
 def test_target_without_tokenizer_is_refused(setup, tmp_path):
-    from eyrie.target import load_tokenizer
+    from eyrie.target.load import load_tokenizer
 
     _, target, _ = setup
     (tmp_path / "t").mkdir()
@@ -325,7 +325,7 @@ def test_target_without_tokenizer_is_refused(setup, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
 def test_cuda_without_gpu_is_a_clear_error():
-    from eyrie.target import resolve_device
+    from eyrie.target.load import resolve_device
 
     with pytest.raises(TargetError, match="capture.device is 'cuda'"):
         resolve_device("cuda")
@@ -340,10 +340,10 @@ def test_disk_full_names_store_space_and_resumes_bit_exact(
 
     import zarr.storage
 
-    from eyrie.extract import ExtractError
+    from eyrie.extract.shard import ExtractError
 
     real_set, calls = zarr.storage.LocalStore.set, {"commit": 0}
-    import eyrie.store as store_mod
+    import eyrie.store.shard as store_mod
 
     real_commit = store_mod.ShardWriter.commit
 

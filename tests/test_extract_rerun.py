@@ -15,7 +15,7 @@ import pytest
 import yaml
 from slurm.workflow import CONFIGS, REPO, Workflow
 
-from eyrie.store import ShardReader
+from eyrie.store.shard import ShardReader
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +109,7 @@ def test_eyrie_extract_redoes_a_half_deleted_store_and_validate_then_passes(copy
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     def eyrie(*args):
-        cmd = [sys.executable, "-m", "eyrie.cli", *args, "--config", "merged.yaml"]
+        cmd = [sys.executable, "-m", "eyrie.cli.main", *args, "--config", "merged.yaml"]
         return subprocess.run(cmd, cwd=copy.root, capture_output=True, text=True)
 
     before = eyrie("validate", "--split", "train", "--shard", "0")

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.skipif(not (TOY / "model.safetensors").is_file(), reaso
 def world():
     from transformers import AutoModelForCausalLM
 
-    from eyrie.speculate import load_prompts
-    from eyrie.target import load_tokenizer
+    from eyrie.evaluate.speculate import load_prompts
+    from eyrie.target.load import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(TOY, dtype=torch.float32).eval()
     prompts = load_prompts(HELDOUT, load_tokenizer(TOY), 2)

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from eyrie.report import FIGURES, build_report, read_inputs, verdict
+from eyrie.evaluate.report import FIGURES, build_report, read_inputs, verdict
 
 ACCEPTANCE = {
     "steps": 3,
@@ -144,7 +144,7 @@ def test_missing_inputs_still_give_a_report(tmp_path):
 
 
 def test_baselines_stand_beside_acc0(tmp_path):
-    from eyrie.report import Inputs, summary_markdown
+    from eyrie.evaluate.report import Inputs, summary_markdown
 
     base = {"scored_heldout": 600, "bigram_acc": 0.27, "probe": {"acc": 0.42, "epochs": 1}}
     text = summary_markdown(Inputs(acceptance=ACCEPTANCE, baselines=base))

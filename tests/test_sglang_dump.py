@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from eyrie.sglang_client import DumpFolder, SglangCapture, SglangError
-from eyrie.sglang_patch import dump as proto
-from eyrie.sglang_patch import hooks
+from eyrie.extract.sglang import DumpFolder, SglangCapture, SglangError
+from eyrie.sglang.patch import dump as proto
+from eyrie.sglang.patch import hooks
 
 AUX = [3, 1]  # deliberately not sorted: slot j is aux id AUX[j]
 H = 8

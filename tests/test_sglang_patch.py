@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from eyrie.sglang_client import DumpFolder, SglangError
-from eyrie.sglang_patch import SERVER_MODULES
-from eyrie.sglang_patch import dump as proto
-from eyrie.sglang_patch.bundle import (
+from eyrie.extract.sglang import DumpFolder, SglangError
+from eyrie.sglang.patch import SERVER_MODULES
+from eyrie.sglang.patch import dump as proto
+from eyrie.sglang.patch.bundle import (
     PatchError,
     build_bundle,
     check_installed,
@@ -38,7 +38,7 @@ from eyrie.verify.stage import check_sglang
 
 RELEASES = ["0.5.9", "0.5.12", "0.5.23"]
 DSV3, KIMI = "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"
-PKG = Path(__file__).resolve().parent.parent / "eyrie" / "sglang_patch"
+PKG = Path(__file__).resolve().parent.parent / "eyrie" / "sglang" / "patch"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The server lifecycle, and the SGLang backend end to end against the stand-in server.
 
-The stand-in (eyrie.sglang_patch.standin) serves SGLang's HTTP interface, batches and chunks
+The stand-in (eyrie.sglang.patch.standin) serves SGLang's HTTP interface, batches and chunks
 prompts the way SGLang's scheduler does, and calls the bundle's hooks with states computed by a
 plain transformers forward. So the store the SGLang backend writes through it must equal, bit
 for bit, the store the transformers backend writes for the same samples. Everything here runs
@@ -29,26 +29,26 @@ import torch
 import zarr
 from tiny_target import build_llama, write_split
 
-from eyrie.compare_stores import compare
-from eyrie.extract import Interrupted, extract_shard, read_errors
-from eyrie.sglang_client import SglangError
-from eyrie.sglang_patch.bundle import build_bundle, load_manifest
-from eyrie.sglang_patch.hooks import hook_specs
-from eyrie.sglang_patch.standin import StandIn, serve
-from eyrie.sglang_server import (
+from eyrie.extract.sglang import SglangError
+from eyrie.extract.shard import Interrupted, extract_shard, read_errors
+from eyrie.sglang.patch.bundle import build_bundle, load_manifest
+from eyrie.sglang.patch.hooks import hook_specs
+from eyrie.sglang.patch.standin import StandIn, serve
+from eyrie.sglang.server import (
     ServerError,
     SglangServer,
     check_server_args,
     free_port,
     launch_command,
 )
+from eyrie.store.compare import compare
 from eyrie.verify.source import VerifyError, locate
 from eyrie.verify.stage import check_sglang
 
 N = 12
 MAX_TOKENS = 80
 EXTRACT = {"shards": 1, "chunk_tokens": 32, "shard_tokens": 256}
-STANDIN = [sys.executable, "-m", "eyrie.sglang_patch.standin"]
+STANDIN = [sys.executable, "-m", "eyrie.sglang.patch.standin"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def test_sigterm_to_the_job_stops_the_server(tmp_path):
     job = textwrap.dedent(
         f"""
         import sys, time
-        from eyrie.sglang_server import SglangServer
+        from eyrie.sglang.server import SglangServer
         cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
         with SglangServer(cmd, {str(tmp_path / "s.log")!r}, 1) as server:
             print(server.proc.pid, flush=True)
@@ -147,7 +147,7 @@ def test_free_port_skips_a_port_whose_grpc_port_is_taken():
 
 def ports_from(monkeypatch, *ports: int) -> list[int]:
     """free_port hands out these ports first (as if others took each one after the check)."""
-    import eyrie.sglang_server as ss
+    import eyrie.sglang.server as ss
 
     real, given, queue = ss.free_port, [], list(ports)
 
@@ -160,7 +160,7 @@ def ports_from(monkeypatch, *ports: int) -> list[int]:
 
 
 def test_a_launch_that_keeps_clashing_names_its_ports(tmp_path, monkeypatch):
-    from eyrie.sglang_server import ready_server
+    from eyrie.sglang.server import ready_server
 
     given = ports_from(monkeypatch, 60001, 60002, 60003)  # SGLang refuses them all
     command = [*STANDIN, "--model-path", str(tmp_path)]

@@ -22,7 +22,7 @@ import pytest
 from slurm.cluster import Cluster, ClusterError, alive, parse_jobcomp, unavailable_reason
 from slurm.workflow import CONFIGS, REPO, Workflow
 
-from eyrie.resources import ResourcesError, check_rule_names, requests, uses_gpu
+from eyrie.common.resources import ResourcesError, check_rule_names, requests, uses_gpu
 
 # The test cluster has no accounting database: poll with squeue, submit without an account,
 # and poll soon after submission (the plugin's default first poll comes after 40 s).

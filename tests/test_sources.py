@@ -9,9 +9,9 @@ import json
 import pytest
 from tiny_target import CORPUS, build_llama, conversation
 
-from eyrie.dataset import prepare
-from eyrie.extract import extract_shard
-from eyrie.validate import validate_shard
+from eyrie.data.dataset import prepare
+from eyrie.extract.shard import extract_shard
+from eyrie.validate.shard import validate_shard
 
 MAX_TOKENS = 80  # conversation(1) and (2) fit; "cut" does not
 CAPTURE = {"backend": "hf", "aux_layer_ids": None, "device": "cpu", "batch_size": 4}

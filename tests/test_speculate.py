@@ -14,9 +14,8 @@ import pytest
 import torch
 from tiny_target import build_llama
 
-from eyrie import online_sglang as on
-from eyrie.drafter import Drafter, DrafterConfig
-from eyrie.speculate import (
+from eyrie.evaluate import online as on
+from eyrie.evaluate.speculate import (
     DraftRunner,
     SpeculateError,
     Target,
@@ -24,6 +23,7 @@ from eyrie.speculate import (
     speculative_generate,
     summarize,
 )
+from eyrie.train.model import Drafter, DrafterConfig
 
 TOY = Path(__file__).resolve().parents[1] / "models" / "toy-llama"
 AUX = [1, 2, 3]
@@ -63,7 +63,7 @@ def tiny(tmp_path_factory):
 
 @torch.no_grad()
 def reference_greedy(model, prompt, n):
-    """Greedy decoding with full forward passes and no cache: independent of eyrie.speculate."""
+    """Greedy decoding with full forward passes and no cache: independent of eyrie.evaluate.speculate."""
     ids = list(prompt)
     for _ in range(n):
         logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits
@@ -168,8 +168,8 @@ def test_eos_stops_both_alike(tiny):
 
 @pytest.mark.skipif(not (TOY / "model.safetensors").is_file(), reason="toy-llama not built")
 def test_toy_target_speculation_is_greedy():
-    from eyrie.speculate import load_prompts
-    from eyrie.target import load_model, load_tokenizer
+    from eyrie.evaluate.speculate import load_prompts
+    from eyrie.target.load import load_model, load_tokenizer
 
     model, _ = load_model(TOY, torch.device("cpu"))
     cfg = json.loads((TOY / "config.json").read_text())
@@ -317,7 +317,7 @@ def test_online_measures_each_cuda_graph_mode_and_names_it(tmp_path):
 
 
 def test_online_retries_a_port_taken_after_the_check(tmp_path, monkeypatch):
-    import eyrie.sglang_server as ss
+    import eyrie.sglang.server as ss
 
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import zarr
 
-from eyrie.store import (
+from eyrie.store.shard import (
     ShardDataset,
     ShardReader,
     ShardWriter,

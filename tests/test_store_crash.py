@@ -34,7 +34,7 @@ def sample(i: int):
 
 
 def write(path: str, die_before_commit: int | None) -> None:
-    from eyrie.store import ShardWriter
+    from eyrie.store.shard import ShardWriter
 
     if die_before_commit is not None:  # die right before the n-th commit record: data written
         calls = [0]
@@ -172,7 +172,7 @@ def test_death_between_data_and_commit_record(tmp_path, reference):
     store = tmp_path / "store"
     died = _run_to_end(store, "--die-before-commit", "3")
     assert died.returncode == 9
-    from eyrie.store import ShardReader
+    from eyrie.store.shard import ShardReader
 
     part = ShardReader(store, require_complete=False)
     assert len(part) == 2 * COMMIT_EVERY  # commits 1 and 2 only

@@ -13,16 +13,16 @@ import pytest
 import torch
 from tiny_target import build_llama, write_split
 
-from eyrie.extract import extract_shard
-from eyrie.store import ShardReader, ShardWriter, StoreError
-from eyrie.store_codecs import (
+from eyrie.extract.shard import extract_shard
+from eyrie.store.codecs import (
     cosine_bar,
     mantissa_bits,
     max_relative_error,
     round_bf16_bits,
     stored_mantissa_bits,
 )
-from eyrie.validate import validate_shard
+from eyrie.store.shard import ShardReader, ShardWriter, StoreError
+from eyrie.validate.shard import validate_shard
 
 ALL = np.arange(1 << 16, dtype=np.uint16)  # every bf16 bit pattern
 
@@ -76,7 +76,7 @@ def test_rounding_matches_an_independent_computation(keep):
 def test_config_key_in_the_schema():
     import yaml
 
-    from eyrie.config import ConfigError, check
+    from eyrie.common.config import ConfigError, check
 
     cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
     assert check(cfg)["extract"]["precision"] == "lossless"  # the default: off

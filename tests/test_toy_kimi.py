@@ -1,4 +1,4 @@
-"""toy-kimi-k25: the Kimi-K2.5 wrapper built by eyrie/toy/kimi.py, checked against what SGLang's
+"""toy-kimi-k25: the Kimi-K2.5 wrapper built by eyrie/target/toy/kimi.py, checked against what SGLang's
 source reads and against a plain transformers forward.
 
 SGLang facts are read from the real 0.5.12 release (the verify cache, fetched with pip download;
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eyrie.target import TargetError, load_model
-from eyrie.toy.kimi import build, vision_shapes
+from eyrie.target.load import TargetError, load_model
+from eyrie.target.toy.kimi import build, vision_shapes
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "models" / "toy-llama"
@@ -76,7 +76,7 @@ def test_language_model_is_toy_deepseeks_checkpoint_and_loads_into_transformers(
     from safetensors.torch import load_file
     from transformers import DeepseekV3ForCausalLM
 
-    from eyrie.toy.deepseek import build as build_deepseek
+    from eyrie.target.toy.deepseek import build as build_deepseek
 
     ds_dir = build_deepseek(tmp_path / "ds", TOKENIZER, seed=0, tiny=True)
     want = {}
@@ -220,7 +220,7 @@ def not_fitting(names, renames, tree, assigned) -> list[str]:
 def test_verify_names_the_same_chain_and_evidence_as_the_real_release(toy):
     """eyrie verify on the toy's folder against the verdict for the real architecture name
     (61 layers, Kimi-K2.5's): same chain, verdict, patch and file:line evidence per release."""
-    from eyrie.sglang_patch.bundle import build_manifest
+    from eyrie.sglang.patch.bundle import build_manifest
     from eyrie.verify.stage import check_sglang, run_stage
 
     keys = ("verdict", "why", "patch", "class", "entry", "capture_path", "layers_holder")
@@ -247,7 +247,7 @@ def test_verify_names_the_same_chain_and_evidence_as_the_real_release(toy):
 
 
 def test_the_standin_names_modules_as_the_wrapper_does(toy):
-    from eyrie.wrapped import served_tree
+    from eyrie.target.wrapped import served_tree
 
     model, _ = load_model(toy, torch.device("cpu"))
     names = {n for n, _ in served_tree(toy, model).named_modules()}

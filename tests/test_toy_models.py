@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eyrie.toy.deepseek import SGLANG_KEYS, build
-from eyrie.toy.llama import encode_split, evaluate, unigram_baseline
-from eyrie.toy.tokenizer import read_messages, render
+from eyrie.target.toy.deepseek import SGLANG_KEYS, build
+from eyrie.target.toy.llama import encode_split, evaluate, unigram_baseline
+from eyrie.target.toy.tokenizer import read_messages, render
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "models" / "toy-llama"

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 import yaml
 from test_train_setup import AUX, make_setup, tiny_settings
 
-from eyrie.config import SCHEMA_PATH
-from eyrie.train import (
+from eyrie.common.config import SCHEMA_PATH
+from eyrie.train.trainer import (
     DEFAULTS,
     Dist,
     GlobalBatches,
@@ -186,7 +186,7 @@ def test_train_end_to_end_and_rerun(tmp_path):
 
 
 def test_train_refuses_a_vocabulary_of_another_target(tmp_path):
-    from eyrie import draft_vocab
+    from eyrie.train import vocab as draft_vocab
 
     s = make_setup(tmp_path, n_train=4, n_heldout=2)
     bad = tmp_path / "bad.safetensors"
@@ -206,7 +206,7 @@ def test_train_refuses_a_vocabulary_of_another_target(tmp_path):
 
 
 def test_cli_names_a_missing_input_and_its_fix(tmp_path, capsys):
-    from eyrie.cli import main
+    from eyrie.cli.main import main
 
     s = make_setup(tmp_path, n_train=4, n_heldout=2)
     cfg = tmp_path / "config.yaml"

@@ -68,8 +68,8 @@ def test_ddp_two_processes_equal_one(tmp_path):
     one = tmp_path / "one"
     subprocess.run(command(cfg, s, one), env=env, check=True, capture_output=True, cwd=REPO)
     two = tmp_path / "two"
-    # Started as rule train_drafter starts it (eyrie.ddp_launch, train.rdzv_host null).
-    launch = [sys.executable, "-m", "eyrie.ddp_launch", "--processes", "2", "--"]
+    # Started as rule train_drafter starts it (eyrie.train.launch, train.rdzv_host null).
+    launch = [sys.executable, "-m", "eyrie.train.launch", "--processes", "2", "--"]
     done, listening = run_watching_sockets(launch + command(cfg, s, two), env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     # Every socket the run listened on is on loopback (torchrun --standalone listens on *).

@@ -42,7 +42,7 @@ def command(cfg: Path, s: dict, out: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "eyrie.cli",
+        "eyrie.cli.main",
         "train",
         "--config",
         str(cfg),

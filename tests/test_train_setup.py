@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from tiny_target import build_llama
 
-from eyrie import draft_vocab
-from eyrie.store import ShardWriter
+from eyrie.store.shard import ShardWriter
+from eyrie.train import vocab as draft_vocab
 
 AUX = [1, 2, 4]  # output of decoder layers 1, 2 and 4 of a 6-layer target
 

@@ -12,10 +12,10 @@ import pytest
 import zarr
 from tiny_target import build_llama, write_split
 
-from eyrie.atomic import write_json
-from eyrie.extract import extract_shard
-from eyrie.store import ShardReader, ShardWriter
-from eyrie.validate import summarize, validate_shard
+from eyrie.common.atomic import write_json
+from eyrie.extract.shard import extract_shard
+from eyrie.store.shard import ShardReader, ShardWriter
+from eyrie.validate.shard import summarize, validate_shard
 
 N = 20
 MAX_TOKENS = 80
@@ -335,7 +335,7 @@ def flip_chunk(store: Path) -> None:
 
 
 def test_one_shard_past_max_errors_fails_naming_the_array_and_the_fix(clean, tmp_path, capsys):
-    from eyrie.cli import main
+    from eyrie.cli.main import main
 
     cfg = layout(clean, tmp_path)
     store = tmp_path / "results" / "store" / "train" / "shard-000.zarr"

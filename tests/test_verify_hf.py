@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DeepseekV3Config, LlamaConfig
 
-from eyrie.hf_layers import (
+from eyrie.target.layers import (
     check_aux_layer_ids,
     default_aux_layer_ids,
     find_decoder_layers,

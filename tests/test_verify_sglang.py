@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from eyrie.cli import main
+from eyrie.cli.main import main
 from eyrie.verify import source as source_mod
 from eyrie.verify.chain import ChainAnalyzer
 from eyrie.verify.pyindex import SourceIndex

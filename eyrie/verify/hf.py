@@ -61,7 +61,7 @@ def check_hf(target: str | Path, aux_ids: list[int] | None = None) -> dict:
 
     Raises VerifyError with a plain sentence when the tree or the ids are unusable.
     """
-    from eyrie.hf_layers import (
+    from eyrie.target.layers import (
         check_aux_layer_ids,
         default_aux_layer_ids,
         find_decoder_layers,

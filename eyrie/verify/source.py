@@ -17,6 +17,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from eyrie.common.errors import EyrieError
+
 # Source files are all the check reads; the wheel's compiled extensions are left packed.
 _UNPACK_SUFFIXES = (".py", "METADATA")
 # Wheels of a release hold the same Python source on every platform; when pip finds no wheel
@@ -24,7 +26,7 @@ _UNPACK_SUFFIXES = (".py", "METADATA")
 _FALLBACK_PLATFORM = ["--platform", "manylinux_2_34_x86_64", "--python-version", "3.11"]
 
 
-class VerifyError(RuntimeError):
+class VerifyError(EyrieError, RuntimeError):
     """A problem with the inputs of the verify stage; the message says how to fix it."""
 
 

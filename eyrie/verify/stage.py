@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eyrie.atomic import write_text
+from eyrie.common.atomic import write_text
 from eyrie.verify.chain import ChainAnalyzer
 from eyrie.verify.hf import check_hf, read_config_json
 from eyrie.verify.pyindex import SourceIndex
@@ -113,7 +113,7 @@ def run_stage(
         layers = layer_count(config_json) if config_json else None
         ids = aux_ids
         if ids is None and layers is not None and layers >= 7:
-            from eyrie.hf_layers import default_aux_layer_ids
+            from eyrie.target.layers import default_aux_layer_ids
 
             ids = default_aux_layer_ids(layers)
         report["sglang"].append(check_sglang(sglang, archs, layers, ids, all_entries))

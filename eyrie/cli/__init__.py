@@ -1,0 +1,1 @@
+"""The `eyrie` command: one entry, a module per subcommand group."""

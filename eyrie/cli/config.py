@@ -1,0 +1,68 @@
+"""`eyrie config`: validate a config file and show it with every default filled in, or print
+the config reference (a Markdown table made from the schema, as in the README)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import yaml
+
+from eyrie.common.config import ConfigError, check, load, schema
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("configfile", nargs="?", default="config.yaml")
+    parser.add_argument(
+        "--reference", action="store_true", help="print the config reference as Markdown"
+    )
+
+
+def _rows(node: dict, prefix: str = ""):
+    for name, sub in node.get("properties", {}).items():
+        key = f"{prefix}{name}"
+        if sub.get("type") == "object" and "properties" in sub:
+            yield from _rows(sub, key + ".")
+            continue
+        kind = sub.get("type", "")
+        kind = " or ".join(kind) if isinstance(kind, list) else kind
+        allowed = sub.get("enum")
+        if allowed is None and ("minimum" in sub or "maximum" in sub):
+            allowed = f"{sub.get('minimum', '')}..{sub.get('maximum', '')}"
+        default = json.dumps(sub["default"]) if "default" in sub else "(required)"
+        text = sub.get("description", "")
+        yield key, kind, default, "" if allowed is None else str(allowed), text
+
+
+def reference() -> str:
+    lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for row in _rows(schema()):
+        lines.append(
+            "| "
+            + " | ".join(f"`{row[0]}`" if i == 0 else row[i].replace("|", "\\|") for i in range(5))
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def check_config(config: dict) -> None:
+    """For the Snakefile: stop with what `eyrie config FILE` prints (every bad key, with the
+    allowed keys or values) when the merged config is bad."""
+    try:
+        check(config)
+    except ConfigError as exc:
+        print(f"eyrie: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def run(args) -> int:
+    if args.reference:
+        print(reference())
+        return 0
+    try:
+        cfg = load(args.configfile)
+    except ConfigError as exc:
+        print(f"eyrie config: {exc}", file=sys.stderr)
+        return 2
+    yaml.safe_dump(cfg, sys.stdout, sort_keys=False)
+    return 0

@@ -1,0 +1,64 @@
+"""The `eyrie` command: each workflow stage is also a subcommand, for use outside Snakemake.
+
+Stage modules register themselves in SUBCOMMANDS as "name": "module:function"; the module must
+define `add_arguments(parser)` and the function takes the parsed namespace and returns an exit code.
+Modules are imported only when their subcommand runs, so `eyrie --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from eyrie import __version__
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "config": ("eyrie.cli.config", "validate a workflow config and print it with defaults filled"),
+    "dataset": ("eyrie.cli.dataset", "read a chat dataset and report every bad line"),
+    "make-dataset": (
+        "eyrie.data.chat_corpus",
+        "build the shipped chat dataset from the stdlib docs",
+    ),
+    "extract": ("eyrie.cli.extract", "capture one shard's hidden states into a shard store"),
+    "validate": ("eyrie.cli.validate", "check shard stores against their input and the target"),
+    "verify": ("eyrie.cli.verify", "check statically that aux-state capture reaches the target"),
+    "patch-server": ("eyrie.cli.patch", "build the SGLang capture patch from the verify report"),
+    "compare-stores": ("eyrie.store.compare", "compare two extractions of the same samples"),
+    "draft-vocab": ("eyrie.cli.train", "pick the draft vocabulary (d2t, t2d) from train stores"),
+    "train": ("eyrie.cli.train", "train the EAGLE-3 drafter on shard stores (torchrun for DDP)"),
+    "export": ("eyrie.cli.train", "write the trained drafter in SGLang and vLLM form, checked"),
+    "check-export": ("eyrie.cli.train", "refuse a drafter folder an engine would misread"),
+    "evaluate": ("eyrie.cli.evaluate", "offline acceptance (acc_k, tau) on the held-out stores"),
+    "speculate": ("eyrie.cli.evaluate", "speculative vs greedy decoding: speed, accept length"),
+    "report": ("eyrie.cli.evaluate", "figures and summary.md (verdict first) of a run"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eyrie", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"eyrie {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in SUBCOMMANDS:
+        module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
+        sub = argparse.ArgumentParser(prog=f"eyrie {argv[0]}", description=SUBCOMMANDS[argv[0]][1])
+        module.add_arguments(sub)
+        args = sub.parse_args(argv[1:])
+        return int(module.run(args) or 0)
+    parser.parse_args(argv)
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""`eyrie validate`: check shard stores against their input and the target, outside Snakemake.
+
+With --split and --shard one shard is checked and its report written; without them every shard
+of the config is checked and the summary written, failing past validate.max_errors.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from eyrie.common.config import ConfigError, load
+
+SPLITS = ("train", "heldout")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--config", default="config.yaml", help="workflow config (config.yaml)")
+    parser.add_argument("--split", choices=SPLITS, help="one split (with --shard)")
+    parser.add_argument("--shard", type=int, help="one shard, 0-based (with --split)")
+
+
+def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
+    from eyrie.common.atomic import write_json
+    from eyrie.target.load import configured_dir
+    from eyrie.validate.shard import validate_shard
+
+    results = Path(cfg["results"])
+    name = f"shard-{shard:03d}"
+    v = cfg["validate"]
+    report = validate_shard(
+        store=results / "store" / split / f"{name}.zarr",
+        errors_csv=results / "store" / split / f"{name}.errors.csv",
+        data_path=results / "data" / f"{split}.jsonl",
+        target_path=configured_dir(cfg),
+        architecture=cfg["target"].get("architecture"),
+        split=split,
+        shard=shard,
+        shards=cfg["extract"]["shards"],
+        max_tokens=cfg["dataset"]["max_tokens"],
+        aux_layer_ids=cfg["capture"]["aux_layer_ids"],
+        device=cfg["capture"]["device"],
+        spot_check_samples=v["spot_check_samples"],
+        min_cosine=v["min_cosine"],
+        min_greedy_match=v["min_greedy_match"],
+    )
+    out = results / "validate" / split / f"{name}.json"
+    write_json(out, report, default=str)
+    print(f"{out}: {report['errors']} errors {report['error_counts']}")
+    return out, report
+
+
+def run(args) -> int:
+    from eyrie.validate.shard import summarize
+
+    try:
+        cfg = load(args.config)
+    except ConfigError as exc:
+        print(f"eyrie validate: {exc}", file=sys.stderr)
+        return 2
+    if (args.split is None) != (args.shard is None):
+        print("eyrie validate: give both --split and --shard, or neither", file=sys.stderr)
+        return 2
+    if args.split is not None:
+        from eyrie.validate.advice import over_limit
+
+        _, report = validate_one(cfg, args.split, args.shard)
+        message = over_limit(report, cfg["validate"]["max_errors"], args.config)
+        if message:
+            print(f"eyrie validate: {message}", file=sys.stderr)
+            return 1
+        return 0
+    reports = [
+        validate_one(cfg, split, shard)[0]
+        for split in SPLITS
+        for shard in range(cfg["extract"]["shards"])
+    ]
+    results = Path(cfg["results"]) / "validate"
+    ok, message = summarize(
+        reports, results / "summary.csv", results / "summary.md", cfg["validate"]["max_errors"]
+    )
+    print(message, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1

@@ -1,0 +1,1 @@
+"""Pieces every stage shares: errors, atomic writes, config and its schema, disk checks."""

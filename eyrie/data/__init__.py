@@ -1,0 +1,1 @@
+"""The chat dataset: building the shipped corpus, reading and tokenizing conversations."""

@@ -1,0 +1,1 @@
+"""Evaluation: offline acceptance, baselines, speculative decoding, online SGLang, report."""

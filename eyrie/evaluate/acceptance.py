@@ -1,0 +1,286 @@
+"""Offline acceptance of a trained drafter on held-out shard stores, with no server.
+
+Verification accepts a draft token when it equals the target's greedy choice at that position,
+so drafts are scored against argmax(lm_head(final_hidden)) of the stored final states (the
+target's own choice given the context), not against the stored next token (what the chat
+transcript says, which the target may not have chosen). The alignment is the training unroll's
+(eyrie/train/model.py): row t of draft step k predicts the token after position t+k+1 and is right
+when its draft equals greedy[t+k+1]; it is scored when token t+k+2 exists and is an assistant
+(loss-mask) token, the tokens a served model generates.
+
+Definitions, for a chain of K draft tokens per verify step (k = 0..K-1):
+
+- ``acc_k``: over every row scored at step k, the fraction whose step-k draft is right. This is
+  the training metric (metrics.csv acc_k), for comparison with the training curves.
+- full chains: rows whose K steps are all scored. Over them, ``chain_k`` = P(drafts 0..k all
+  right), the chance that at least k+1 drafts are accepted, and ``cond_acc_k`` =
+  chain_k / chain_{k-1} (chain_{-1} = 1): P(draft k right | drafts 0..k-1 right).
+- accepted drafts per verify step A = the length of the right prefix, 0..K. The expected
+  acceptance length without the bonus token is tau = E[A] = sum_k chain_k (the simulated
+  length SpecForge reports); with it, tau + 1 = tokens emitted per verify step (the target
+  always adds one token of its own: SGLang's spec_accept_length counts it).
+
+The drafts are fed the stored tokens (teacher forcing), as in training; in real decoding a
+draft after an accepted one is fed that draft, which is the same token only where the data
+follows the target's greedy path. eyrie.evaluate.speculate measures the real loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eyrie.common.errors import EyrieError
+
+
+class AcceptanceError(EyrieError, ValueError):
+    """Inputs that cannot be evaluated together; the message names the input and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# counting
+
+
+@dataclass
+class AcceptanceCounts:
+    """Sums over rows; add the counts of several batches, then call ``metrics``."""
+
+    steps: int
+    scored: np.ndarray = None  # (K,) rows scored at step k
+    correct: np.ndarray = None  # (K,) of those, draft k right
+    reachable: np.ndarray = None  # (K,) of those, the greedy token is in the draft vocabulary
+    chains: int = 0  # rows with all K steps scored
+    chain_correct: np.ndarray = None  # (K,) full chains with drafts 0..k all right
+    samples: int = 0
+
+    def __post_init__(self):
+        for name in ("scored", "correct", "reachable", "chain_correct"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(self.steps, dtype=np.int64))
+
+    def __add__(self, other: AcceptanceCounts) -> AcceptanceCounts:
+        if other.steps != self.steps:
+            raise ValueError(f"cannot add counts of {self.steps} and {other.steps} steps")
+        return AcceptanceCounts(
+            self.steps,
+            self.scored + other.scored,
+            self.correct + other.correct,
+            self.reachable + other.reachable,
+            self.chains + other.chains,
+            self.chain_correct + other.chain_correct,
+            self.samples + other.samples,
+        )
+
+
+def count_acceptance(
+    drafts: list[torch.Tensor],
+    greedy: torch.Tensor,
+    loss_mask: torch.Tensor,
+    in_vocab: torch.Tensor | None = None,
+) -> AcceptanceCounts:
+    """Counts for one batch.
+
+    ``drafts[k]`` (B, T): the step-k draft of row t as a target token id. ``greedy`` (B, T): the
+    target's greedy token after position t. ``loss_mask`` (B, T) bool; padding must be False.
+    ``in_vocab`` (B, T) bool: greedy[t] is a draft-vocabulary token (None: not counted).
+    """
+    K = len(drafts)
+    B, T = greedy.shape
+    mask = loss_mask.bool()
+    out = AcceptanceCounts(K, samples=B)
+    hits = []
+    for k in range(K):
+        n = max(0, T - k - 2)  # rows t with t + k + 2 < T
+        scored = mask[:, k + 2 : k + 2 + n]  # row t needs token t+k+2 in the loss mask
+        hit = drafts[k][:, :n].to(greedy.device) == greedy[:, k + 1 : k + 1 + n]
+        out.scored[k] = int(scored.sum())
+        out.correct[k] = int((hit & scored).sum())
+        if in_vocab is not None:
+            out.reachable[k] = int((in_vocab[:, k + 1 : k + 1 + n] & scored).sum())
+        hits.append(hit)
+    n = max(0, T - K - 1)  # rows that have all K steps
+    chain = torch.ones(B, n, dtype=torch.bool, device=greedy.device)
+    for k in range(K):
+        chain &= mask[:, k + 2 : k + 2 + n]
+    out.chains = int(chain.sum())
+    for k in range(K):
+        chain = chain & hits[k][:, :n]
+        out.chain_correct[k] = int(chain.sum())
+    return out
+
+
+@dataclass
+class AcceptanceMetrics:
+    steps: int
+    acc: list[float]
+    cond_acc: list[float]
+    chain: list[float]
+    reachable: list[float]
+    tau: list[float] = field(default_factory=list)  # tau[K'-1]: expected accepted, K' drafts
+    scored: list[int] = field(default_factory=list)
+    chains: int = 0
+    samples: int = 0
+
+    @property
+    def tau_with_bonus(self) -> list[float]:
+        return [t + 1.0 for t in self.tau]
+
+    def table(self):
+        """One row per draft position k (a pandas DataFrame)."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "position": list(range(self.steps)),
+                "scored": self.scored,
+                "acc": self.acc,
+                "cond_acc": self.cond_acc,
+                "chain": self.chain,
+                "reachable": self.reachable,
+                "tau": self.tau,
+                "tau_with_bonus": self.tau_with_bonus,
+            }
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "samples": self.samples,
+            "scored": self.scored,
+            "full_chains": self.chains,
+            "acc": self.acc,
+            "cond_acc": self.cond_acc,
+            "chain": self.chain,
+            "reachable": self.reachable,
+            "tau": self.tau[-1] if self.tau else 0.0,
+            "tau_with_bonus": self.tau_with_bonus[-1] if self.tau else 1.0,
+            "tau_by_draft_tokens": self.tau,
+        }
+
+
+def _ratio(a, b) -> float:
+    return float(a) / float(b) if b else float("nan")
+
+
+def metrics(c: AcceptanceCounts) -> AcceptanceMetrics:
+    """acc_k, cond_acc_k, chain_k and tau for 1..K draft tokens (see the module docstring)."""
+    K = c.steps
+    chain = [_ratio(c.chain_correct[k], c.chains) for k in range(K)]
+    cond = [_ratio(c.chain_correct[k], c.chain_correct[k - 1] if k else c.chains) for k in range(K)]
+    tau = np.cumsum(np.nan_to_num(chain)).tolist() if c.chains else [0.0] * K
+    return AcceptanceMetrics(
+        steps=K,
+        acc=[_ratio(c.correct[k], c.scored[k]) for k in range(K)],
+        cond_acc=cond,
+        chain=chain,
+        reachable=[_ratio(c.reachable[k], c.scored[k]) for k in range(K)],
+        tau=[float(t) for t in tau],
+        scored=[int(s) for s in c.scored],
+        chains=int(c.chains),
+        samples=int(c.samples),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the trained drafter and the stores
+
+
+def load_drafter(folder, device="cpu"):
+    """(Drafter in eval mode, drafter.json) from a folder written by eyrie train."""
+    from safetensors.torch import load_file
+
+    from eyrie.train.model import Drafter, DrafterConfig
+
+    folder = Path(folder)
+    meta_path, weights = folder / "drafter.json", folder / "model.safetensors"
+    if not meta_path.is_file() or not weights.is_file():
+        raise AcceptanceError(
+            f"{folder} is not a trained drafter (needs drafter.json and model.safetensors); "
+            "run the train stage (`eyrie train`) first"
+        )
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != "eyrie-drafter" or meta.get("layer_convention") != "output":
+        raise AcceptanceError(f"{meta_path} is not an Eyrie drafter description; retrain it")
+    model = Drafter(DrafterConfig.from_dict(meta["config"]))
+    try:
+        model.load_state_dict(load_file(str(weights)))
+    except RuntimeError as exc:
+        raise AcceptanceError(
+            f"{weights} does not fit the shape in {meta_path} ({exc}); the folder mixes two "
+            "drafters: retrain it"
+        ) from None
+    return model.to(device).eval(), meta
+
+
+def greedy_tokens(final: torch.Tensor, lm_head: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """argmax over the full vocabulary of lm_head(final), (...,) int64, in row chunks."""
+    flat = final.reshape(-1, final.shape[-1]).to(lm_head.dtype)
+    out = [(flat[s : s + chunk] @ lm_head.T).argmax(-1) for s in range(0, flat.shape[0], chunk)]
+    if not out:
+        return torch.zeros(final.shape[:-1], dtype=torch.long, device=final.device)
+    return torch.cat(out).view(final.shape[:-1])
+
+
+@torch.no_grad()
+def evaluate_stores(
+    drafter,
+    aux_layer_ids: list[int],
+    target_dir,
+    stores: list,
+    *,
+    steps: int,
+    batch_size: int = 8,
+    max_len: int = 2048,
+    device="cpu",
+    progress: bool = False,
+) -> AcceptanceMetrics:
+    """Run the unrolled drafter over every sample of ``stores`` and count its acceptance."""
+    from tqdm import tqdm
+
+    from eyrie.store.shard import ShardDataset, ShardReader
+    from eyrie.train.model import read_target_tensors
+    from eyrie.train.trainer import Pad
+
+    if steps < 1:
+        raise AcceptanceError(f"evaluate.steps must be at least 1, got {steps}")
+    lengths = []
+    for p in stores:
+        reader = ShardReader(p)
+        lengths += np.diff(reader.offsets).tolist()
+        have = reader.aux_layer_ids
+        if list(have) != list(aux_layer_ids):
+            raise AcceptanceError(
+                f"{p} holds aux layers {have} but the drafter was trained on {aux_layer_ids}; "
+                "evaluate with stores extracted with the drafter's capture.aux_layer_ids"
+            )
+    embed_w, lm_head, _ = read_target_tensors(target_dir)
+    embed_w, lm_head = embed_w.to(device, torch.float32), lm_head.to(device, torch.float32)
+    if embed_w.shape[0] != drafter.config.vocab_size:
+        raise AcceptanceError(
+            f"the target in {target_dir} has {embed_w.shape[0]} tokens, the drafter "
+            f"{drafter.config.vocab_size}: it was trained for another target"
+        )
+    vocab_mask = drafter.t2d.to(device)
+
+    def embed(ids):
+        return torch.nn.functional.embedding(ids, embed_w)
+
+    dataset = ShardDataset(list(stores))
+    order = sorted(range(len(dataset)), key=lambda i: lengths[i])  # like lengths pad less
+    pad = Pad(max_len)
+    total = AcceptanceCounts(steps)
+    for s in tqdm(range(0, len(order), batch_size), disable=not progress, unit="batch"):
+        batch = pad([dataset[i] for i in order[s : s + batch_size]])
+        ids = batch["input_ids"].to(device)
+        aux = batch["aux_hidden"].to(device, torch.float32)
+        greedy = greedy_tokens(batch["final_hidden"].to(device, torch.float32), lm_head)
+        logits = drafter(aux, ids, embed, steps)
+        drafts = [drafter.draft_to_target(lg.argmax(-1)) for lg in logits]
+        total = total + count_acceptance(
+            drafts, greedy, batch["loss_mask"].to(device), vocab_mask[greedy]
+        )
+    return metrics(total)

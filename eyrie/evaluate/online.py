@@ -1,0 +1,351 @@
+"""SGLang's own acceptance and speed: serve the target with and without the exported drafter.
+
+Two servers in turn on 127.0.0.1 and a free port (retried on a port clash), the same prompts
+(token ids, batch 1, greedy) to each: the plain one gives baseline tokens/s and outputs; the
+EAGLE-3 one gives tokens/s and SGLang's own accept length (``meta_info.spec_accept_length``:
+tokens emitted per verify pass, bonus token included). The launcher waits for /health with a
+timeout, stops early with the log's tail when the server dies, and always stops the server's
+whole process group.
+
+Only standard-library HTTP is used, so this module runs on a GPU image that has SGLang and
+nothing else of Eyrie's dependencies but torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from eyrie.common.errors import EyrieError
+from eyrie.sglang.server import ServerError, SglangServer, ready_server
+from eyrie.sglang.server import free_port as free_port  # for a Server started by hand
+
+# The flags seen working with SGLang 0.5.12 on one H200 (shared/gpu/README.md): CUDA graphs on
+# (as deployed; the eager mode adds --disable-cuda-graph), no piecewise graphs, no xgrammar.
+DEFAULT_SERVER_ARGS = [
+    "--attention-backend",
+    "triton",
+    "--disable-piecewise-cuda-graph",
+    "--grammar-backend",
+    "none",
+    "--sampling-backend",
+    "pytorch",
+    "--tp",
+    "1",
+    "--mem-fraction-static",
+    "0.5",
+]
+LAUNCHER = [sys.executable, "-m", "sglang.launch_server"]
+EAGER_FLAG = "--disable-cuda-graph"
+# evaluate.sglang.cuda_graph -> the modes measured, the headline one first
+MODES = {True: ("cuda_graph",), False: ("eager",), "both": ("cuda_graph", "eager")}
+
+
+class OnlineError(EyrieError, RuntimeError):
+    """The server could not be started or answered wrongly; the message says what to do."""
+
+
+def server_command(
+    model_path,
+    port: int,
+    *,
+    draft_path=None,
+    draft_tokens: int = 3,
+    server_args: Sequence[str] = DEFAULT_SERVER_ARGS,
+    launcher: Sequence[str] = LAUNCHER,
+) -> list[str]:
+    """The launch command; with ``draft_path``, EAGLE-3 chains of ``draft_tokens`` drafts."""
+    cmd = [*launcher, "--model-path", str(model_path), "--skip-tokenizer-init"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), *server_args]
+    if draft_path is not None:
+        cmd += [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(draft_path),
+            "--speculative-num-steps",
+            str(draft_tokens),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(draft_tokens + 1),
+        ]
+    return cmd
+
+
+def modes_of(cuda_graph) -> tuple[str, ...]:
+    try:
+        return MODES[cuda_graph]
+    except (KeyError, TypeError):
+        raise OnlineError(
+            f"evaluate.sglang.cuda_graph is {cuda_graph!r}; use true (CUDA graphs, as deployed), "
+            "false (eager: --disable-cuda-graph) or both"
+        ) from None
+
+
+def mode_args(server_args: Sequence[str], mode: str) -> list[str]:
+    """The server flags of one mode: eager adds --disable-cuda-graph."""
+    if EAGER_FLAG in server_args:
+        raise OnlineError(
+            f"evaluate.sglang.server_args holds {EAGER_FLAG}; remove it and set "
+            "evaluate.sglang.cuda_graph: false (or both) instead, so the record names the mode"
+        )
+    return [*server_args, EAGER_FLAG] if mode == "eager" else list(server_args)
+
+
+class Server(SglangServer):
+    """The extract stage's server lifecycle, with this stage's config key and error type."""
+
+    def start(self) -> Server:
+        try:
+            return super().start()
+        except ServerError as exc:
+            raise OnlineError(str(exc)) from None
+
+    def wait_healthy(self, timeout: float, poll: float = 1.0) -> float:
+        """Seconds until GET /health answered 200; OnlineError with the log tail otherwise."""
+        try:
+            return self.wait_ready(timeout, poll, key="evaluate.sglang.launch_timeout_s")
+        except ServerError as exc:
+            raise OnlineError(str(exc)) from None
+
+
+def post_json(url: str, payload: dict, timeout: float = 600.0) -> dict:
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode())
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")[:500]
+        raise OnlineError(f"POST {url} answered {exc.code}: {body}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise OnlineError(f"POST {url} failed: {exc}") from None
+
+
+def generate(url: str, input_ids: list[int], max_new_tokens: int, rid: str) -> dict:
+    """One greedy request by token ids: output_ids, seconds and the meta_info it returned."""
+    payload = {
+        "input_ids": list(map(int, input_ids)),
+        "rid": rid,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": int(max_new_tokens)},
+    }
+    t0 = time.perf_counter()
+    out = post_json(f"{url}/generate", payload)
+    seconds = time.perf_counter() - t0
+    if isinstance(out, list):
+        out = out[0]
+    ids = out.get("output_ids")
+    if ids is None:
+        raise OnlineError(
+            f"{url}/generate answered without output_ids (keys {sorted(out)}); start the server "
+            "with --skip-tokenizer-init"
+        )
+    return {"output_ids": list(ids), "seconds": seconds, "meta_info": out.get("meta_info", {})}
+
+
+def measure(url: str, prompts: list[dict], max_new_tokens: int, tag: str) -> dict:
+    """Each prompt in turn (batch 1, as eyrie.evaluate.speculate): outputs, timings and accept lengths."""
+    rows = []
+    for i, p in enumerate(prompts):
+        r = generate(url, p["input_ids"], max_new_tokens, f"eyrie-{tag}-{i}")
+        meta = r["meta_info"]
+        rows.append(
+            {
+                "id": p["id"],
+                "input_ids": list(map(int, p["input_ids"])),
+                "new_tokens": len(r["output_ids"]),
+                "seconds": r["seconds"],
+                "output_ids": r["output_ids"],
+                "spec_accept_length": meta.get("spec_accept_length"),
+                "spec_verify_ct": meta.get("spec_verify_ct"),
+            }
+        )
+    tokens = sum(r["new_tokens"] for r in rows)
+    seconds = sum(r["seconds"] for r in rows)
+    verify = [r["spec_verify_ct"] for r in rows if r["spec_verify_ct"]]
+    lengths = [r["spec_accept_length"] for r in rows if r["spec_accept_length"] is not None]
+    accept = None
+    if verify and len(verify) == len(rows):  # weighted by verify passes, like a total
+        accept = sum(r["spec_accept_length"] * r["spec_verify_ct"] for r in rows) / sum(verify)
+    elif lengths:
+        accept = sum(lengths) / len(lengths)
+    return {
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        "accept_length": accept,
+        "rows": rows,
+    }
+
+
+def not_run(reason: str) -> dict:
+    return {"status": "not run", "reason": reason}
+
+
+def why_not(backend: str) -> str | None:
+    """Why the online measurement cannot run here, or None when it can."""
+    if backend != "sglang":
+        return (
+            f"capture.backend is {backend!r}; the online SGLang measurement runs with "
+            "capture.backend: sglang"
+        )
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA GPU on this node (SGLang serves on GPUs)"
+    except ImportError:
+        return "torch is not importable"
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        return "the sglang package is not importable in this environment"
+    return None
+
+
+def run_online(
+    target_dir,
+    draft_dir,
+    prompts: list[dict],
+    *,
+    max_new_tokens: int,
+    draft_tokens: int,
+    log_dir,
+    launch_timeout: float = 600.0,
+    server_args: Sequence[str] = DEFAULT_SERVER_ARGS,
+    launcher: Sequence[str] = LAUNCHER,
+    warmup: int = 1,
+    cuda_graph=True,
+) -> dict:
+    """Per mode (CUDA graphs, eager, or both): the plain server, then the EAGLE-3 server, on the
+    same prompts. The record's top-level figures are the first mode's (its ``mode`` says
+    which); ``modes`` holds every mode's."""
+    modes = modes_of(cuda_graph)
+    flags = {mode: mode_args(server_args, mode) for mode in modes}  # refused before any launch
+    summaries = {}
+    for mode in modes:
+        summaries[mode] = _run_mode(
+            target_dir, draft_dir, prompts, max_new_tokens=max_new_tokens,
+            draft_tokens=draft_tokens, log_dir=Path(log_dir) / mode if len(modes) > 1 else
+            Path(log_dir), launch_timeout=launch_timeout, server_args=flags[mode],
+            launcher=launcher, warmup=warmup,
+        )  # fmt: skip
+        summaries[mode]["mode"] = mode
+    head = summaries[modes[0]]
+    return {"status": "ok", **head, "modes": summaries}
+
+
+def _run_mode(
+    target_dir, draft_dir, prompts, *, max_new_tokens, draft_tokens, log_dir, launch_timeout,
+    server_args, launcher, warmup,
+) -> dict:  # fmt: skip
+    runs = {}
+    for name, draft in (("plain", None), ("eagle3", draft_dir)):
+
+        def command(port: int, draft=draft) -> list[str]:
+            return server_command(
+                target_dir,
+                port,
+                draft_path=draft,
+                draft_tokens=draft_tokens,
+                server_args=server_args,
+                launcher=launcher,
+            )
+
+        log = log_dir / f"sglang-{name}.log"
+        key = "evaluate.sglang.launch_timeout_s"
+        try:
+            with ready_server(command, log, launch_timeout, key=key, server_cls=Server) as server:
+                for i, p in enumerate(prompts[:warmup]):  # kernel compilation: not timed
+                    generate(server.url, p["input_ids"], 8, f"eyrie-warmup-{name}-{i}")
+                runs[name] = {
+                    "ready_seconds": server.ready_s,
+                    **measure(server.url, prompts, max_new_tokens, name),
+                }
+        except ServerError as exc:
+            raise OnlineError(str(exc)) from None
+    plain, spec = runs["plain"], runs["eagle3"]
+    same = sum(
+        a["output_ids"] == b["output_ids"] for a, b in zip(plain["rows"], spec["rows"], strict=True)
+    )
+    speedup = None
+    if plain["tokens_per_s"] and spec["tokens_per_s"]:
+        speedup = spec["tokens_per_s"] / plain["tokens_per_s"]
+    return {
+        "draft_tokens": draft_tokens,
+        "prompts": len(prompts),
+        "server_args": list(server_args),
+        "plain_tokens_per_s": plain["tokens_per_s"],
+        "spec_tokens_per_s": spec["tokens_per_s"],
+        "speedup": speedup,
+        "accept_length": spec["accept_length"],
+        "identical": same,
+        "runs": runs,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m eyrie.evaluate.online``: the measurement without the workflow's config (GPU
+    images carry SGLang and transformers, not necessarily Eyrie's other dependencies)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    ap.add_argument("--target", required=True, help="target model folder (HF, with tokenizer)")
+    ap.add_argument("--draft", required=True, help="exported SGLang drafter folder")
+    ap.add_argument("--prompts-jsonl", required=True, help="chat JSONL (messages)")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--draft-tokens", type=int, default=3)
+    ap.add_argument("--launch-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--cuda-graph",
+        choices=["true", "false", "both"],
+        default="true",
+        help="true: CUDA graphs (as deployed); false: eager (--disable-cuda-graph); both",
+    )
+    ap.add_argument("--out", required=True, help="JSON result")
+    ap.add_argument("--log-dir", required=True, help="server logs")
+    ap.add_argument("server_args", nargs="*", help="after --: flags replacing the defaults")
+    args = ap.parse_args(argv)
+
+    from eyrie.evaluate.speculate import load_prompts, machine
+    from eyrie.target.load import load_tokenizer
+
+    prompts = load_prompts(args.prompts_jsonl, load_tokenizer(args.target), args.prompts)
+    try:
+        rec = run_online(
+            args.target,
+            args.draft,
+            prompts,
+            max_new_tokens=args.max_new_tokens,
+            draft_tokens=args.draft_tokens,
+            log_dir=args.log_dir,
+            launch_timeout=args.launch_timeout,
+            server_args=args.server_args or DEFAULT_SERVER_ARGS,
+            cuda_graph={"true": True, "false": False}.get(args.cuda_graph, args.cuda_graph),
+        )
+    except OnlineError as exc:
+        print(f"online SGLang: {exc}", file=sys.stderr)
+        return 1
+    rec["machine"] = machine()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rec, indent=1) + "\n")
+    for mode, m in rec["modes"].items():
+        print(
+            f"SGLang ({mode}): plain {m['plain_tokens_per_s']:.1f} tok/s | EAGLE-3 "
+            f"{m['spec_tokens_per_s']:.1f} tok/s | ratio {m['speedup']:.2f}x | "
+            f"spec_accept_length {m['accept_length']} | identical outputs "
+            f"{m['identical']}/{m['prompts']} | GPU {rec['machine']['gpu']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,468 @@
+"""Real speculative decoding with a transformers target and the trained drafter (greedy, chain).
+
+Each step the drafter proposes k tokens; the target reads the last accepted token and the k
+drafts in one forward pass over its KV cache, accepts the longest prefix of drafts that equal
+its own greedy choices, and adds one token of its own (the bonus: the correction after the
+first wrong draft, or the next token when every draft is right). The rejected drafts' entries
+are cropped from the target's cache. The output is therefore the target's plain greedy output,
+token for token, whatever the drafter proposes; only the number of target passes changes.
+
+The drafter follows the alignment of its training unroll (eyrie/train/model.py): row t pairs the
+target's fused aux states at position t with token t+1 and sits at position t. After each
+verify pass the rows of the accepted positions are appended to the drafter's own KV cache
+("extend"); drafting then continues from the last row, one position further per draft, each
+draft attending to the verified rows and to the drafts before it. The drafts' cache entries
+are dropped again before the next extend, which recomputes those rows from the target's states.
+
+Aux states are captured with forward hooks on the target's decoder layers during its passes
+(aux id i = the output of decoder layer i), so the target runs once per step, unmodified.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from eyrie.common.errors import EyrieError
+from eyrie.target.layers import check_aux_layer_ids, find_decoder_layers
+from eyrie.train.model import apply_rope, rope_cos_sin
+
+
+class SpeculateError(EyrieError, RuntimeError):
+    """Speculative decoding cannot run as asked; the message names the input and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the target: logits and aux states of one forward pass over its KV cache
+
+
+def _hidden(output) -> torch.Tensor:
+    """A decoder layer returns its hidden state, or a tuple whose first element is it."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise SpeculateError(f"a decoder layer returned {type(output).__name__}, not a hidden state")
+
+
+class Target:
+    """A loaded causal LM with hooks on its aux layers; ``forward`` extends a DynamicCache."""
+
+    def __init__(self, model: torch.nn.Module, aux_layer_ids: list[int] | None = None):
+        self.model = model.eval()
+        self.aux_layer_ids = list(aux_layer_ids or [])
+        _, layers = find_decoder_layers(model)
+        if self.aux_layer_ids:
+            try:
+                check_aux_layer_ids(self.aux_layer_ids, len(layers))
+            except ValueError as exc:
+                raise SpeculateError(f"the drafter's aux_layer_ids: {exc}") from None
+        self._seen: dict[int, torch.Tensor] = {}
+        self._handles = [
+            layers[i].register_forward_hook(self._hook(j)) for j, i in enumerate(self.aux_layer_ids)
+        ]
+        # transformers renamed the cache argument (past_key_values -> cache) within 5.x
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def _hook(self, slot: int):
+        def hook(module, args, output):
+            self._seen[slot] = _hidden(output)
+
+        return hook
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits (T, V), aux (1, T, k, H) or None) of ``ids`` appended to ``cache``."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        self._seen = {}
+        out = self.model(input_ids=x, use_cache=True, **{self._cache_kw: cache})
+        aux = None
+        if self.aux_layer_ids:
+            if len(self._seen) != len(self.aux_layer_ids):
+                raise SpeculateError(
+                    "the hooks on the target's aux layers did not fire: its forward does not run "
+                    "through the decoder layers eyrie.target.layers found"
+                )
+            aux = torch.stack([self._seen[j] for j in range(len(self.aux_layer_ids))], dim=2)
+        self._seen = {}
+        return out.logits[0], aux
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def cache_length(cache) -> int:
+    return int(cache.get_seq_length())
+
+
+def crop_cache(cache, keep: int) -> None:
+    """Keep the first ``keep`` positions (a negative crop removes tokens in every 5.x release)."""
+    drop = cache_length(cache) - keep
+    if drop > 0:
+        cache.crop(-drop)
+
+
+# ---------------------------------------------------------------------------------------------
+# the drafter, one position at a time
+
+
+class DraftRunner:
+    """The trained drafter with a KV cache of verified rows, proposing chains of drafts.
+
+    Uses the drafter's own modules; the attention is the training unroll's restricted to one
+    chain: causal over the verified rows, then each draft over the drafts before it.
+    """
+
+    def __init__(self, drafter, embed):
+        self.d = drafter.eval()
+        self.embed = embed
+        self.cfg = drafter.config
+        self.reset()
+
+    def reset(self) -> None:
+        self.k = self.v = None  # (1, heads, L, head_dim), key/value heads already repeated
+        self.last = None  # (1, 1, H): the last verified row's output, where drafting starts
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def crop(self, keep: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :keep], self.v[:, :, :keep]
+
+    def _layer(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """The midlayer on rows at positions start.., appended to the cache; (1, T, H)."""
+        layer, attn = self.d.midlayer, self.d.midlayer.self_attn
+        T = tokens.shape[-1]
+        x = torch.cat([layer.input_layernorm(self.embed(tokens)), layer.hidden_norm(hidden)], -1)
+        q = attn.q_proj(x).view(1, T, attn.nh, attn.hd).transpose(1, 2)
+        k = attn.k_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
+        v = attn.v_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
+        positions = torch.arange(start, start + T, device=x.device)
+        cos, sin = rope_cos_sin(positions, attn.hd, attn.theta, q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = attn.nh // attn.nkv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        past = self.length
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        scores = (q @ self.k.transpose(-1, -2)) / math.sqrt(attn.hd)  # (1, nh, T, past+T)
+        rows = torch.arange(T, device=x.device)[:, None] + past
+        cols = torch.arange(past + T, device=x.device)[None, :]
+        scores = scores.masked_fill(cols > rows, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = (probs @ self.v).transpose(1, 2).reshape(1, T, attn.nh * attn.hd)
+        hidden = hidden + attn.o_proj(out)
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    @torch.inference_mode()
+    def extend(self, aux: torch.Tensor, next_tokens: list[int], start: int) -> None:
+        """Add rows start.. : the target's aux states there, each with the token after it."""
+        if start != self.length:
+            raise SpeculateError(f"drafter cache holds {self.length} rows, extend asked at {start}")
+        tokens = torch.tensor([next_tokens], dtype=torch.long, device=aux.device)
+        hidden = self.d.fuse(aux.to(self.d.fc.weight.dtype))
+        self.last = self._layer(hidden, tokens, start)[:, -1:]
+
+    @torch.inference_mode()
+    def chain_logits(self, tokens: list[int]) -> list[torch.Tensor]:
+        """Draft-vocabulary logits of the drafts from the last row, feeding ``tokens`` as the
+        drafts (len(tokens) + 1 logits); the drafts' cache entries are dropped afterwards."""
+        verified = self.length
+        hidden, out = self.last, [self.d.logits(self.last)[0, -1]]
+        for j, tok in enumerate(tokens):
+            t = torch.tensor([[tok]], dtype=torch.long, device=hidden.device)
+            hidden = self._layer(hidden, t, verified + j)
+            out.append(self.d.logits(hidden)[0, -1])
+        self.crop(verified)
+        return out
+
+    @torch.inference_mode()
+    def propose(self, n: int) -> list[int]:
+        """n greedy drafts (target token ids) continuing the verified tokens."""
+        verified = self.length
+        hidden, drafts = self.last, []
+        for j in range(n):
+            draft = int(self.d.draft_to_target(self.d.logits(hidden)[0, -1].argmax()))
+            drafts.append(draft)
+            if j + 1 < n:
+                t = torch.tensor([[draft]], dtype=torch.long, device=hidden.device)
+                hidden = self._layer(hidden, t, verified + j)
+        self.crop(verified)
+        return drafts
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # the new tokens
+    seconds: float
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per verify step
+
+    @property
+    def verify_steps(self) -> int:
+        return len(self.accepted)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _finish(tokens: list[int], max_new: int, eos: set[int]) -> tuple[list[int], bool]:
+    """Tokens cut after the first eos and at max_new; and whether generation is over."""
+    for i, t in enumerate(tokens[:max_new]):
+        if t in eos:
+            return tokens[: i + 1], True
+    return tokens[:max_new], len(tokens) >= max_new
+
+
+def greedy_generate(target: Target, prompt: list[int], max_new_tokens: int, eos=()) -> Generation:
+    """Plain greedy decoding, one target pass per token over the same KV cache code path."""
+    eos = set(eos)
+    _sync(target.device)
+    t0 = time.perf_counter()
+    cache = target.new_cache()
+    logits, _ = target.forward(prompt, cache)
+    out = [int(logits[-1].argmax())]
+    out, done = _finish(out, max_new_tokens, eos)
+    while not done:
+        logits, _ = target.forward([out[-1]], cache)
+        out, done = _finish(out + [int(logits[-1].argmax())], max_new_tokens, eos)
+    _sync(target.device)
+    return Generation(out, time.perf_counter() - t0)
+
+
+def speculative_generate(
+    target: Target, drafter: DraftRunner, prompt: list[int], k: int, max_new_tokens: int, eos=()
+) -> Generation:
+    """Greedy chain speculative decoding with k drafts per step; the output equals greedy's."""
+    if k < 1:
+        raise SpeculateError(f"evaluate.draft_tokens must be at least 1, got {k}")
+    if not prompt:
+        raise SpeculateError("an empty prompt cannot be decoded")
+    eos = set(eos)
+    _sync(target.device)
+    t0 = time.perf_counter()
+    cache = target.new_cache()
+    logits, aux = target.forward(prompt, cache)
+    out = [int(logits[-1].argmax())]
+    drafter.reset()
+    drafter.extend(aux, prompt[1:] + out, 0)
+    accepted: list[int] = []
+    out, done = _finish(out, max_new_tokens, eos)
+    while not done:
+        n = cache_length(cache)  # positions the target has seen; out[-1] sits at position n
+        drafts = drafter.propose(k)
+        logits, aux = target.forward([out[-1]] + drafts, cache)
+        choice = logits.argmax(-1).tolist()  # choice[j]: the target's token after input j
+        a = 0
+        while a < k and drafts[a] == choice[a]:
+            a += 1
+        new = drafts[:a] + [choice[a]]
+        crop_cache(cache, n + a + 1)
+        drafter.extend(aux[:, : a + 1], new, n)
+        accepted.append(a)
+        out, done = _finish(out + new, max_new_tokens, eos)
+    _sync(target.device)
+    return Generation(out, time.perf_counter() - t0, accepted)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading, prompts, the comparison
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise SpeculateError("evaluate.device is 'cuda' but torch sees no CUDA device")
+        return torch.device("cuda")
+    if name not in ("auto", "cpu"):
+        raise SpeculateError(f"evaluate.device {name!r} is not one of auto, cpu, cuda")
+    return torch.device("cpu")
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_pair(target_dir, drafter_dir, device, dtype: str = "float32", architecture=None):
+    """(Target, DraftRunner, tokenizer, drafter.json) on ``device``, both in ``dtype``."""
+    from eyrie.evaluate.acceptance import load_drafter
+    from eyrie.target.load import load_model, load_tokenizer
+
+    if dtype not in DTYPES:
+        raise SpeculateError(f"evaluate.dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    model, _ = load_model(target_dir, device, architecture)
+    model = model.to(device, DTYPES[dtype])
+    drafter, meta = load_drafter(drafter_dir, device)
+    drafter = drafter.to(dtype=DTYPES[dtype])
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    vocab = getattr(text or model.config, "vocab_size", None)
+    if vocab is not None and int(vocab) != drafter.config.vocab_size:
+        raise SpeculateError(
+            f"the target in {target_dir} has {vocab} tokens, the drafter in {drafter_dir} "
+            f"{drafter.config.vocab_size}: it was trained for another target"
+        )
+    target = Target(model, meta["aux_layer_ids"])
+    return target, DraftRunner(drafter, target.embed), load_tokenizer(target_dir), meta
+
+
+def load_prompts(jsonl, tokenizer, n: int, max_prompt_tokens: int = 512) -> list[dict]:
+    """The first ``n`` conversations' prompts: the turns before the first assistant message,
+    rendered with the chat template's generation prompt, as token ids."""
+    from eyrie.data.chat_tokens import render
+
+    prompts = []
+    with open(jsonl, encoding="utf-8") as f:
+        for line in f:
+            if len(prompts) >= n:
+                break
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            msgs = rec.get("messages") or []
+            first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), None)
+            if not first:
+                continue
+            text = render(tokenizer, msgs[:first], add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if 0 < len(ids) <= max_prompt_tokens:
+                prompts.append({"id": str(rec.get("id", len(prompts))), "input_ids": ids})
+    if not prompts:
+        raise SpeculateError(
+            f"{jsonl} gave no prompt (a conversation with a user turn before an assistant turn, "
+            f"at most {max_prompt_tokens} tokens); check the held-out dataset"
+        )
+    return prompts
+
+
+def eos_ids(tokenizer, model_config) -> list[int]:
+    ids = getattr(model_config, "eos_token_id", None)
+    ids = ids if isinstance(ids, list) else [ids]
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def machine() -> dict:
+    """What the timings ran on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover - a dependency
+        pass
+    return info
+
+
+def compare(
+    target: Target,
+    drafter: DraftRunner,
+    prompts: list[dict],
+    *,
+    k: int,
+    max_new_tokens: int,
+    eos=(),
+    warmup: int = 1,
+) -> dict:
+    """Plain greedy vs speculative decoding of the same prompts, batch 1, alternating.
+
+    Tokens/s are new tokens over wall-clock seconds, prefill included (both pay it; speculation
+    also pays the drafter's pass over the prompt). Accept length counts the bonus token:
+    tokens emitted per target verify pass, as SGLang's spec_accept_length does.
+    """
+    for p in prompts[:warmup]:  # first calls allocate and pick kernels; not timed
+        greedy_generate(target, p["input_ids"], min(8, max_new_tokens), eos)
+        speculative_generate(target, drafter, p["input_ids"], k, min(8, max_new_tokens), eos)
+    rows = []
+    for p in prompts:
+        plain = greedy_generate(target, p["input_ids"], max_new_tokens, eos)
+        spec = speculative_generate(target, drafter, p["input_ids"], k, max_new_tokens, eos)
+        rows.append(
+            {
+                "id": p["id"],
+                "prompt_tokens": len(p["input_ids"]),
+                "new_tokens": len(plain.tokens),
+                "plain_s": plain.seconds,
+                "spec_s": spec.seconds,
+                "verify_steps": spec.verify_steps,
+                "accepted": spec.accepted,
+                "identical": plain.tokens == spec.tokens,
+            }
+        )
+    return summarize(rows, k)
+
+
+def summarize(rows: list[dict], k: int) -> dict:
+    """Totals of per-prompt rows (see ``compare``)."""
+    tokens = sum(r["new_tokens"] for r in rows)
+    plain_s = sum(r["plain_s"] for r in rows)
+    spec_s = sum(r["spec_s"] for r in rows)
+    accepted = [a for r in rows for a in r["accepted"]]
+    steps = len(accepted)
+    # tokens emitted by verify passes (the first new token comes from the prefill); the last
+    # pass of a prompt may emit fewer than a + 1 when max_new_tokens or an eos cuts it
+    emitted_by_spec = sum(r["new_tokens"] - 1 for r in rows)
+    hist = [accepted.count(a) for a in range(k + 1)]
+    plain_tps = tokens / plain_s if plain_s > 0 else float("nan")
+    spec_tps = tokens / spec_s if spec_s > 0 else float("nan")
+    return {
+        "draft_tokens": k,
+        "prompts": len(rows),
+        "new_tokens": tokens,
+        "plain_seconds": plain_s,
+        "spec_seconds": spec_s,
+        "plain_tokens_per_s": plain_tps,
+        "spec_tokens_per_s": spec_tps,
+        "speedup": spec_tps / plain_tps if plain_s > 0 and spec_s > 0 else float("nan"),
+        "verify_steps": steps,
+        # emitted per verify pass, bonus included; the first token comes from the prefill
+        "accept_length": emitted_by_spec / steps if steps else float("nan"),
+        "accepted_drafts_mean": sum(accepted) / steps if steps else float("nan"),
+        "accept_histogram": hist,
+        "identical": sum(bool(r["identical"]) for r in rows),
+        "rows": rows,
+    }

@@ -1,0 +1,1 @@
+"""Extraction: one shard job over a capture (transformers in-process, or an SGLang server)."""

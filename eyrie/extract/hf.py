@@ -1,0 +1,179 @@
+"""Capture aux-layer and final hidden states in-process with forward hooks.
+
+Only what is stored is kept: a hook on each configured decoder layer (aux id i = the output of
+decoder layer i, 0-based) and one on the final norm (the final state). Hidden states of the other
+layers are never gathered (no output_hidden_states). The final-norm hook ends the forward pass by
+raising, so the lm_head (a vocab-sized matmul) is never computed.
+
+Batches are right-padded with an attention mask; only the real tokens of each row come back. A
+hook that does not fire, or fires twice, in one pass is an error: that is how a wrapper class
+that routes around the hooked modules shows up, instead of as silently wrong data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from eyrie.common.errors import EyrieError
+from eyrie.target.layers import check_aux_layer_ids, find_decoder_layers, find_final_norm
+
+
+class CaptureError(EyrieError, RuntimeError):
+    """The hooks did not see what a forward pass of the target must show them."""
+
+
+class _StopForward(Exception):
+    """Raised by the final-norm hook: everything needed has been captured."""
+
+
+def _first_tensor(output) -> torch.Tensor:
+    """A decoder layer returns its hidden state, or a tuple whose first element is it."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise CaptureError(f"a hooked module returned {type(output).__name__}, not a hidden state")
+
+
+class Pending:
+    """Captured states whose copy to the host may still be running (see capture_pending)."""
+
+    def __init__(self, rows: list, event):
+        self._rows, self._event = rows, event
+
+    def result(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self._rows
+
+
+class HFCapture:
+    """Hooks installed on a loaded transformers model; call `capture` on batches of token ids."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        aux_layer_ids: Sequence[int],
+        *,
+        pad_token_id: int | None = 0,
+        stop_at_final_norm: bool = True,
+    ):
+        self.model = model
+        self.aux_layer_ids = [int(i) for i in aux_layer_ids]
+        self.layers_path, layers = find_decoder_layers(model)
+        try:
+            check_aux_layer_ids(self.aux_layer_ids, len(layers))
+        except ValueError as exc:
+            raise CaptureError(f"capture.aux_layer_ids: {exc}") from None
+        self.norm_path, norm = find_final_norm(model)
+        self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+        self.stop = stop_at_final_norm
+        self._aux: dict[int, list[torch.Tensor]] = {}
+        self._final: list[torch.Tensor] = []
+        self._handles = [
+            layers[i].register_forward_hook(self._aux_hook(j))
+            for j, i in enumerate(self.aux_layer_ids)
+        ]
+        self._handles.append(norm.register_forward_hook(self._final_hook))
+
+    def _aux_hook(self, slot: int):
+        def hook(module, args, output):
+            self._aux.setdefault(slot, []).append(_first_tensor(output).detach())
+
+        return hook
+
+    def _final_hook(self, module, args, output):
+        self._final.append(_first_tensor(output).detach())
+        if self.stop:
+            raise _StopForward
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def capture(self, sequences: Sequence[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """For each sequence: aux (T, k, H) and final (T, H), bfloat16 on the CPU."""
+        if not sequences:
+            return []
+        return self.capture_pending(sequences).result()
+
+    def capture_pending(self, sequences: Sequence[np.ndarray]) -> Pending:
+        """Like capture, but on CUDA the copies to the host are still under way when it returns.
+
+        The states are copied (non_blocking) into pinned host buffers behind the forward pass
+        on the current stream, so the next batch's forward is queued without waiting for them;
+        ``result()`` waits for the copy (a CUDA event), typically on the writer thread. On the
+        CPU the result is ready at once.
+        """
+        if not sequences:
+            return Pending([], None)
+        if not self._handles:
+            raise CaptureError("the capture hooks were removed (close() was called)")
+        lengths = [len(s) for s in sequences]
+        if min(lengths) == 0:
+            raise CaptureError("an empty sequence cannot be captured")
+        ids = torch.full((len(sequences), max(lengths)), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
+            mask[row, : len(seq)] = 1
+        device = self._device()
+        cuda = device.type == "cuda"
+        if cuda:  # pinned inputs: the copy is queued behind the previous batch, not waited for
+            ids, mask = ids.pin_memory(), mask.pin_memory()
+        self._aux, self._final = {}, []
+        try:
+            with torch.inference_mode():
+                self.model(
+                    input_ids=ids.to(device, non_blocking=cuda),
+                    attention_mask=mask.to(device, non_blocking=cuda),
+                    use_cache=False,
+                )
+        except _StopForward:
+            pass
+        aux, final = self._collect()
+        self._aux, self._final = {}, []
+        if cuda:
+            stacked = torch.stack(aux, dim=2).to(torch.bfloat16)  # (B, T, k, H)
+            final = final.to(torch.bfloat16)  # (B, T, H)
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (stacked, final)]
+            host[0].copy_(stacked, non_blocking=True)
+            host[1].copy_(final, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            # each row is a view of its own pinned buffer, which is never reused
+            return Pending([(host[0][r, :n], host[1][r, :n]) for r, n in enumerate(lengths)], done)
+        stacked = torch.stack(aux, dim=2).to("cpu", torch.bfloat16)  # (B, T, k, H)
+        final = final.to("cpu", torch.bfloat16)  # (B, T, H)
+        rows = [(stacked[r, :n].clone(), final[r, :n].clone()) for r, n in enumerate(lengths)]
+        return Pending(rows, None)
+
+    def _collect(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        for slot, layer in enumerate(self.aux_layer_ids):
+            seen = len(self._aux.get(slot, []))
+            if seen != 1:
+                raise CaptureError(
+                    f"the hook on {self.layers_path}[{layer}] fired {seen} times in one forward "
+                    "pass (expected once): the model's forward does not run through the hooked "
+                    "decoder layers"
+                )
+        if len(self._final) != 1:
+            raise CaptureError(
+                f"the hook on the final norm {self.norm_path} fired {len(self._final)} times in "
+                "one forward pass (expected once)"
+            )
+        return [self._aux[s][0] for s in range(len(self.aux_layer_ids))], self._final[0]

@@ -1,0 +1,1 @@
+"""SGLang: the server's lifecycle and launch command, and the capture patch it runs."""

@@ -1,0 +1,551 @@
+"""The SGLang backend end to end on a GPU: workflow extract, validate, transformers comparison,
+and the cost of the patch in throughput. Run by scripts/gpu_e2e_sglang.sh.
+
+1. build toy-deepseek (MLA + MoE, seeded random weights; the size SGLang was seen serving);
+2. run the workflow itself (snakemake: prepare_dataset, verify_env, patch_server, extract with
+   capture.backend: sglang, validate_shard) on tests/configs/gpu-sglang.yaml: 240 samples,
+   SGLang's --chunked-prefill-size 256, so long prompts arrive in several passes;
+3. require zero validation errors;
+4. extract the same samples with the transformers backend (cuda, bf16) and compare the stores:
+   identical input_ids, mean per-token cosine >= 0.999 on every aux layer and the final state;
+5. time the same requests against a patched and an unpatched server (same flags otherwise):
+   the throughput ratio is the patch's cost;
+6. force the other mechanism, the import hook, on the same release and check that SGLang's own
+   aux capture, switched on by the finder, gives the states the forward hooks gave.
+
+`--standin` rehearses all of it on the CPU with the transformers-backed stand-in server and a
+tiny toy-deepseek, reading SGLang 0.5.12's source from the verify cache (pip:0.5.12).
+Writes at most 8 files to --out: summary.json, summary.md, compare.json, validate.json,
+manifest.json, logs.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "tests" / "configs" / "gpu-sglang.yaml"
+STANDIN = [sys.executable, "-m", "eyrie.sglang.patch.standin"]
+
+
+class StepError(RuntimeError):
+    """A step failed; the message says which and carries the relevant log tail."""
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "machine": platform.node()}
+    for name in ("torch", "transformers", "sglang", "snakemake", "zarr", "numcodecs", "eyrie"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    try:
+        import torch
+
+        out["cuda"] = torch.version.cuda
+        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception as exc:  # report, do not fail, on a broken CUDA setup
+        out["gpu"] = f"unavailable: {exc}"
+    return out
+
+
+def tail(path, lines: int = 60) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no {path})"
+
+
+def run_cmd(cmd: list[str], log: Path, timeout: float, env=None) -> None:
+    """Run a command in its own process group, logged; its whole group is stopped however this
+    ends (an error, the time budget, or SIGTERM to this process)."""
+    import signal
+
+    from eyrie.sglang.server import SglangServer
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc = SglangServer(cmd, log, 0, env=env)  # the same process-group handling as a server
+    with proc:
+        try:
+            code = proc.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            why = f"{cmd[:4]} ran past {timeout:.0f} s; log {log}:\n{tail(log)}"
+            raise StepError(why) from None
+        finally:
+            if proc.proc.poll() is None:
+                os.killpg(proc.proc.pid, signal.SIGTERM)  # snakemake cancels its jobs
+    if code != 0:
+        raise StepError(f"{cmd[:4]} exited {code}; log {log}:\n{tail(log)}")
+
+
+class Run:
+    config_file = CONFIG  # the workflow config the run starts from
+
+    def __init__(self, out: Path, work: Path, standin: bool, budget_s: float, tp=None):
+        self.out, self.work, self.standin, self.tp = out, work, standin, tp
+        self.t0 = time.monotonic()
+        self.budget = budget_s
+        self.summary: dict = {
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "mode": "standin (CPU rehearsal)" if standin else "sglang",
+            "versions": versions(),
+            "steps": {},
+            "ok": False,
+        }
+        self.logs: list[Path] = []
+
+    def left(self) -> float:
+        return max(30.0, self.budget - (time.monotonic() - self.t0))
+
+    def step(self, name: str, fn, *args):
+        print(f"== {name}", flush=True)
+        t = time.monotonic()
+        try:
+            result = fn(*args)
+        except Exception as exc:
+            self.summary["steps"][name] = {"ok": False, "seconds": round(time.monotonic() - t, 1)}
+            self.summary["error"] = f"{name}: {exc}"
+            raise
+        self.summary["steps"][name] = {"ok": True, "seconds": round(time.monotonic() - t, 1)}
+        print(f"   {name}: {time.monotonic() - t:.1f} s", flush=True)
+        return result
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def build_target(self) -> Path:
+        target = self.work / "toy-deepseek"
+        cmd = [sys.executable, "-m", "eyrie.target.toy.deepseek", "--out", str(target)]
+        cmd += ["--tokenizer", str(REPO / "models" / "toy-llama")]
+        if self.standin:
+            cmd.append("--tiny")
+        run_cmd(cmd, self.work / "logs" / "toy.log", self.left())
+        return target
+
+    def write_config(self, target: Path) -> Path:
+        cfg = yaml.safe_load(self.config_file.read_text())
+        cfg["results"] = str(self.work / "results")
+        cfg["target"]["path"] = str(target)
+        sg = cfg["capture"]["sglang"]
+        sg["log_dir"] = str(self.work / "logs")
+        if self.tp:
+            sg["tp"] = self.tp
+            self.summary["tp"] = self.tp
+        if self.standin:
+            cfg["dataset"]["max_samples"] = {"train": 24, "heldout": 4}
+            cfg["dataset"]["max_tokens"] = 96
+            cfg["capture"]["device"] = "cpu"
+            cfg["verify"]["sglang"] = "pip:0.5.12"
+            sg.update(launcher=STANDIN, chunked_prefill_size=32, launch_timeout_s=120)
+            cfg["validate"]["spot_check_samples"] = 2
+        path = self.work / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.config = cfg
+        return path
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        paths = [str(REPO)]
+        if self.standin:  # the verified release must be findable for the pre-launch hash check
+            from eyrie.verify.source import locate
+
+            paths.append(str(locate("pip:0.5.12").root))
+        env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).rstrip(":")
+        return env
+
+    def workflow(self, config: Path) -> dict:
+        results = Path(self.config["results"])
+        want = results / "validate" / "train" / "shard-000.json"
+        cmd = [sys.executable, "-m", "snakemake", "--cores", "4", "--configfile", str(config)]
+        cmd += ["--directory", str(REPO), "--nolock", "--rerun-incomplete", str(want)]
+        log = self.work / "logs" / "snakemake.log"
+        self.logs += [log, self.work / "logs" / "shard-000.sglang.log"]
+        self.logs += [results / "logs" / "extract" / "train" / "shard-000.log"]
+        self.logs += [results / "logs" / "validate" / "train" / "shard-000.log"]
+        try:
+            run_cmd(cmd, log, self.left(), env=self.env())
+        except StepError as exc:
+            jobs = "\n".join(f"--- {p}\n{tail(p, 40)}" for p in self.logs[1:] if p.exists())
+            raise StepError(f"{exc}\n{jobs}") from None
+        report = json.loads(want.read_text())
+        shutil.copyfile(want, self.out / "validate.json")
+        shutil.copyfile(results / "patch" / "manifest.json", self.out / "manifest.json")
+        manifest = json.loads((results / "patch" / "manifest.json").read_text())
+        store = results / "store" / "train" / "shard-000.zarr"
+        chunk = self.config["capture"]["sglang"]["chunked_prefill_size"]
+        lengths = _lengths(store)
+        extract_log = tail(results / "logs" / "extract" / "train" / "shard-000.log", 400)
+        self.summary["workflow"] = {
+            "samples": len(lengths),
+            "tokens": int(sum(lengths)),
+            "chunked_prefill_size": chunk,
+            "samples_longer_than_chunk": int(sum(n > chunk for n in lengths)),
+            "longest": int(max(lengths)) if lengths else 0,
+            "client_log": [ln for ln in extract_log.splitlines() if "sglang:" in ln][-1:],
+            "mechanism": manifest["mechanism"],
+            "mechanism_why": manifest["mechanism_why"],
+            "sglang_verified": manifest["sglang"]["version"],
+            "validate_errors": report.get("errors"),
+            "validate_cosine": report.get("cosine"),
+            "validate_greedy_match": report.get("greedy_match"),
+        }
+        if report.get("errors") != 0:
+            raise StepError(
+                f"validate found {report.get('errors')} errors: "
+                f"{json.dumps(report.get('error_counts'))}; first rows: "
+                f"{json.dumps(report.get('problems', [])[:5])}"
+            )
+        if not self.standin and self.summary["workflow"]["samples_longer_than_chunk"] == 0:
+            raise StepError(f"no sample is longer than the prefill chunk ({chunk} tokens)")
+        return manifest
+
+    def hf_extract(self) -> Path:
+        from eyrie.extract.shard import extract_shard
+
+        results = Path(self.config["results"])
+        out = self.work / "hf"
+        capture = {**self.config["capture"], "backend": "hf"}
+        capture["device"] = "cpu" if self.standin else "cuda"
+        outcome = extract_shard(
+            data_path=results / "data" / "train.jsonl",
+            target_path=self.config["target"]["path"],
+            split="train",
+            shard=0,
+            out_store=out / "shard-000.zarr",
+            errors_csv=out / "shard-000.errors.csv",
+            capture=capture,
+            extract={**self.config["extract"]},
+            max_tokens=self.config["dataset"]["max_tokens"],
+            progress=False,
+        )
+        self.summary["hf"] = {"samples": outcome.samples, "seconds": outcome.seconds}
+        return out / "shard-000.zarr"
+
+    def compare(self, hf_store: Path) -> dict:
+        from eyrie.store.compare import compare, render
+
+        results = Path(self.config["results"])
+        report = compare([results / "store" / "train" / "shard-000.zarr"], [hf_store])
+        (self.out / "compare.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(render(report), flush=True)
+        self.summary["compare"] = {
+            "samples": report["samples"],
+            "tokens": report["tokens"],
+            "input_ids_identical": report["input_ids_identical"],
+            "hf_device": "cpu float32" if self.standin else "cuda bf16",
+            "layers": report["layers"],
+            "ok": report["ok"],
+        }
+        if not report["ok"]:
+            raise StepError(f"the SGLang and transformers stores differ:\n{render(report)}")
+        return report
+
+    def throughput(self, manifest: dict) -> dict:
+        results = Path(self.config["results"])
+        samples = _samples(results / "store" / "train" / "shard-000.zarr")
+        plain = bench(self, manifest, samples, patched=False)
+        patched = bench(self, manifest, samples, patched=True)
+        out = {
+            "requests": len(samples),
+            "tokens": int(sum(len(ids) for _, ids in samples)),
+            "concurrency": self.config["capture"]["sglang"]["concurrency"],
+            "plain_tokens_per_s": plain["tokens_per_s"],
+            "patched_tokens_per_s": patched["tokens_per_s"],
+            "ratio": patched["tokens_per_s"] / plain["tokens_per_s"],
+            "plain": plain,
+            "patched": patched,
+        }
+        self.summary["throughput"] = out
+        return out
+
+    def import_hook(self, n: int = 32) -> dict:
+        """The import hook on the same release: SGLang's own aux capture, switched on by the
+        finder, must give the states the forward hooks gave (same samples, same server flags)."""
+        from eyrie.sglang.patch.bundle import build_bundle
+        from eyrie.store.compare import token_cosine
+
+        results = Path(self.config["results"])
+        bundle = self.work / "patch-import-hook"
+        manifest = build_bundle(results / "verify" / "report.json", bundle, mechanism="import_hook")
+        samples = _samples(results / "store" / "train" / "shard-000.zarr", full=True)[:n]
+        with served(self, "import-hook", bundle, manifest) as send:
+            got = send([(sid, x["input_ids"].numpy()) for sid, x in samples], "")
+        names = [f"aux {i}" for i in manifest["aux_layer_ids"]] + ["final"]
+        cos = {name: [] for name in names}
+        for (_, ref), (aux, final) in zip(samples, got, strict=True):
+            for j, name in enumerate(names[:-1]):
+                cos[name].append(token_cosine(aux[:, j], ref["aux_hidden"][:, j]))
+            cos["final"].append(token_cosine(final, ref["final_hidden"]))
+        layers = {k: float(torch_cat(v).mean()) for k, v in cos.items()}
+        out = {"samples": len(samples), "mean_cosine_vs_forward_hooks": layers}
+        out["why"] = manifest["mechanism_why"]
+        self.summary["import_hook"] = out
+        if min(layers.values()) < 0.999:
+            raise StepError(f"the import hook's states differ from the forward hooks': {layers}")
+        return out
+
+    # -- output ---------------------------------------------------------------------------
+
+    def write(self) -> None:
+        self.summary["seconds"] = round(time.monotonic() - self.t0, 1)
+        (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1) + "\n")
+        (self.out / "summary.md").write_text(markdown(self.summary))
+        with open(self.out / "logs.txt", "w") as f:
+            for p in dict.fromkeys(self.logs):
+                f.write(f"===== {p}\n{tail(p, 120)}\n")
+
+
+def _lengths(store: Path) -> list[int]:
+    from eyrie.store.shard import ShardReader
+
+    offsets = ShardReader(store).offsets
+    return [int(b - a) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+
+
+def _samples(store: Path, full: bool = False) -> list:
+    """(sample id, token ids) of a store's samples; with full, (sample id, the whole sample)."""
+    from eyrie.store.shard import ShardReader
+
+    r = ShardReader(store)
+    if full:
+        return [(r.sample_ids[i], r[i]) for i in range(len(r))]
+    return [(r.sample_ids[i], r[i]["input_ids"].numpy()) for i in range(len(r))]
+
+
+def torch_cat(parts):
+    import torch
+
+    return torch.cat(parts)
+
+
+@contextmanager
+def served(run: Run, name: str, bundle: Path | None, manifest: dict):
+    """A server of the target, patched with `bundle` or not; yields send(samples, tag).
+
+    Patched: send captures the samples (dumps read back and checked) and returns their
+    (aux, final). Unpatched: the same requests, answers only.
+    """
+    from eyrie.extract.sglang import DumpFolder, SglangCapture, post_json
+    from eyrie.sglang.patch.bundle import server_args, server_env, sglang_settings
+    from eyrie.sglang.patch.dump import sha256_file
+    from eyrie.sglang.server import launch_command, ready_server
+
+    cfg = run.config
+    s = sglang_settings(cfg["capture"])
+    dump = Path(tempfile.mkdtemp(prefix=f"eyrie-{name}-", dir=_dump_root(s)))
+    prefix = f"{s['rid_prefix']}{name}:"
+    base = run.env()
+    if bundle is not None:
+        env = server_env(bundle, manifest, dump, prefix, base)
+        extra = server_args(bundle, manifest, dump, prefix)
+    else:
+        env, extra = base, list(manifest["server_flags"])  # the same eager, cache-free server
+
+    def command(port: int) -> list[str]:
+        return launch_command(
+            cfg["target"]["path"],
+            port,
+            launcher=s["launcher"] or [s["python"] or sys.executable, "-m", "sglang.launch_server"],
+            tp=s["tp"],
+            chunked_prefill_size=s["chunked_prefill_size"],
+            dtype=s["dtype"],
+            server_args=s["server_args"],
+            patch_args=extra,
+        )
+
+    command(0)  # refuses bad configured flags before anything starts
+    log = run.work / "logs" / f"{name}.log"
+    run.logs.append(log)
+    pool = ThreadPoolExecutor(int(s["concurrency"]))
+    try:
+        timeout = min(float(s["launch_timeout_s"]), run.left())
+        with ready_server(command, log, timeout, env=env) as server:
+            ready = server.ready_s
+            if bundle is not None:
+                folder = DumpFolder(dump, sha256_file(bundle / "manifest.json"), bundle)
+                folder.server, folder.server_log = server, log
+                folder.check_loaded(manifest["mechanism"], prefix)
+                cap = SglangCapture(server.url, folder, s, prefix)
+
+                def send(batch, tag):
+                    return cap.capture([(f"{tag}{sid}", ids) for sid, ids in batch])
+
+            else:
+
+                def one(item):
+                    rid, ids = item
+                    payload = {
+                        "input_ids": [int(i) for i in ids],
+                        "rid": rid,
+                        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                    }
+                    code, body = post_json(f"{server.url}/generate", payload, 300)
+                    if code != 200:
+                        raise StepError(f"the unpatched server answered {code}: {body}")
+
+                def send(batch, tag):
+                    return list(pool.map(one, [(f"{prefix}{tag}{sid}", ids) for sid, ids in batch]))
+
+            send.ready_s = round(ready, 1)
+            try:
+                yield send
+            finally:
+                if bundle is not None:
+                    cap.close()
+    finally:
+        pool.shutdown(cancel_futures=True)
+        shutil.rmtree(dump, ignore_errors=True)
+
+
+def bench(run: Run, manifest: dict, samples: list, *, patched: bool) -> dict:
+    """Tokens/s of the same requests on one server, patched or not (warm-up excluded)."""
+    bundle = Path(run.config["results"]) / "patch" if patched else None
+    with served(run, "patched" if patched else "plain", bundle, manifest) as send:
+        send(samples[:8], "warm-")
+        t0 = time.perf_counter()
+        for i in range(0, len(samples), 64):  # bounded memory: results are dropped per group
+            send(samples[i : i + 64], "run-")
+        seconds = time.perf_counter() - t0
+    tokens = sum(len(ids) for _, ids in samples)
+    return {"ready_s": send.ready_s, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def _dump_root(s: dict) -> str:
+    return s["dump_root"] if Path(s["dump_root"]).is_dir() else tempfile.gettempdir()
+
+
+def markdown(summary: dict) -> str:
+    v = summary["versions"]
+    lines = [
+        "# SGLang backend, end to end",
+        "",
+        f"{summary['date']} - {summary['mode']} - {v.get('gpu') or 'no GPU'} - "
+        f"python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, "
+        f"sglang {v['sglang']}, snakemake {v['snakemake']}, zarr {v['zarr']}",
+        "",
+        f"**Result: {'PASS' if summary['ok'] else 'FAIL'}** in {summary.get('seconds')} s",
+    ]
+    if summary.get("error"):
+        lines += ["", "```", summary["error"][-3000:], "```"]
+    lines += ["", "| step | ok | seconds |", "|---|---|---|"]
+    lines += [f"| {k} | {s['ok']} | {s['seconds']} |" for k, s in summary["steps"].items()]
+    w = summary.get("workflow")
+    if w:
+        lines += [
+            "",
+            f"Workflow extract (capture.backend: sglang, {w['mechanism']}): {w['samples']} "
+            f"samples, {w['tokens']} tokens; {w['samples_longer_than_chunk']} longer than the "
+            f"{w['chunked_prefill_size']}-token prefill chunk (longest {w['longest']}). "
+            f"Validate: {w['validate_errors']} errors, worst cosine {w['validate_cosine']}, "
+            f"greedy match {w['validate_greedy_match']}.",
+            "",
+            f"Mechanism: {w['mechanism_why']}.",
+        ]
+    c = summary.get("compare")
+    if c:
+        lines += [
+            "",
+            f"SGLang vs transformers ({c['hf_device']}), {c['samples']} samples, "
+            f"{c['tokens']} tokens, "
+            f"input_ids identical: {c['input_ids_identical']}",
+            "",
+            "| layer | mean cos | p01 | min | share < 0.999 |",
+            "|---|---|---|---|---|",
+        ]
+        for name, x in c["layers"].items():
+            lines.append(
+                f"| {name} | {x['mean']:.6f} | {x['p01']:.6f} | {x['min']:.6f} | {x['below']:.2%} |"
+            )
+    t = summary.get("throughput")
+    if summary.get("throughput_skipped"):
+        lines += ["", f"Throughput not measured: {summary['throughput_skipped']}."]
+    ih = summary.get("import_hook")
+    if summary.get("import_hook_skipped"):
+        lines += ["", f"Import hook not checked: {summary['import_hook_skipped']}."]
+    if ih:
+        cos = ", ".join(f"{k} {v:.6f}" for k, v in ih["mean_cosine_vs_forward_hooks"].items())
+        lines += [
+            "",
+            f"Import hook (mechanism import_hook forced on the same release), {ih['samples']} "
+            f"samples, mean cosine against the forward hooks' store: {cos}.",
+        ]
+    if t:
+        lines += [
+            "",
+            f"Throughput, {t['requests']} requests ({t['tokens']} prompt tokens, max_new_tokens 1,"
+            f" {t['concurrency']} in flight): unpatched {t['plain_tokens_per_s']:.0f} tok/s, "
+            f"patched (dumps written and read back) {t['patched_tokens_per_s']:.0f} tok/s, "
+            f"ratio **{t['ratio']:.3f}**.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/out/gpu-sglang")
+    p.add_argument("--work", help="scratch folder (default: a new temporary one)")
+    p.add_argument("--standin", action="store_true", help="CPU rehearsal with the stand-in")
+    p.add_argument("--skip-bench", action="store_true", help="no throughput measurement")
+    p.add_argument(
+        "--skip-import-hook", action="store_true", help="no check of the import-hook mechanism"
+    )
+    p.add_argument("--budget-s", type=float, default=480.0, help="time for all steps")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (capture.sglang.tp)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or tempfile.mkdtemp(prefix="eyrie-e2e-"))
+    work.mkdir(parents=True, exist_ok=True)
+    run = Run(out, work, args.standin, args.budget_s, tp=args.tp)
+    print(f"eyrie SGLang end to end, {run.summary['date']}", flush=True)
+    print(json.dumps(run.summary["versions"]), flush=True)
+    try:
+        target = run.step("build toy-deepseek", run.build_target)
+        config = run.write_config(target)
+        manifest = run.step("workflow extract + validate", run.workflow, config)
+        hf = run.step("transformers extract", run.hf_extract)
+        run.step("compare stores", run.compare, hf)
+        if args.skip_bench:
+            run.summary["throughput_skipped"] = "--skip-bench"
+        elif run.budget - (time.monotonic() - run.t0) < 150:
+            run.summary["throughput_skipped"] = "under 150 s of the time budget left"
+        else:
+            run.step("throughput", run.throughput, manifest)
+        if args.skip_import_hook:
+            run.summary["import_hook_skipped"] = "--skip-import-hook"
+        elif args.standin:
+            run.summary["import_hook_skipped"] = "the stand-in has no SGLang model module"
+        elif run.budget - (time.monotonic() - run.t0) < 120:
+            run.summary["import_hook_skipped"] = "under 120 s of the time budget left"
+        else:
+            run.step("import hook", run.import_hook)
+        run.summary["ok"] = True
+    except Exception as exc:
+        run.summary.setdefault("error", f"{type(exc).__name__}: {exc}")
+        if not isinstance(exc, StepError):
+            run.summary["error"] += "\n" + traceback.format_exc()
+        print(f"FAILED: {run.summary['error']}", file=sys.stderr, flush=True)
+    finally:
+        run.write()
+    print(markdown(run.summary), flush=True)
+    print(f"results in {out}", flush=True)
+    return 0 if run.summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Codecs and precision of the shard store's hidden states (docs/store-format.md).
+
+Two things live here, apart from the writer and reader in eyrie/store/shard.py:
+
+- The arrays' codec pipelines (``create_arrays``): Blosc zstd with byte shuffle and 1 MiB
+  blocks, then crc32c. ``benchmarks/bench_codecs.py`` compares the alternatives on real
+  activations. Every codec is a core Zarr v3 one (or a registered extension), recorded in each
+  array's ``zarr.json``, so a reader never needs to know which Eyrie wrote a store.
+- The optional lossy precision (``extract.precision: bitround-N``): each bf16 value is rounded
+  to N of its 7 mantissa bits (round to nearest, ties to even) before compression, with
+  numcodecs' ``BitRound`` on the exact float32 value. The stored arrays stay plain uint16 bf16
+  bit patterns (the low 7 - N mantissa bits are zero), so the codec pipeline and every reader are
+  unchanged; the group attribute ``precision`` says what was dropped, and validation relaxes its
+  cosine bar by the rounding's known bound. Stores without the attribute are lossless.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import zarr
+from numcodecs import BitRound
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
+
+from eyrie.common.errors import EyrieError
+
+SAMPLE_CHUNK = 4096  # chunk length of the per-sample arrays (offsets, sample_id)
+BLOSC_BLOCKSIZE = 1 << 20  # 1 MiB blocks: ~1.44x on bf16 activations vs ~1.26x at Blosc's default
+WRITE_CONFIG = {"write_empty_chunks": True}  # every chunk exists, so a missing file is damage
+BF16_MANTISSA_BITS = 7
+LOSSLESS = "lossless"
+_BITROUND = re.compile(r"^bitround-([0-9]+)$")
+
+
+class PrecisionError(EyrieError, ValueError):
+    """An unknown precision name; the message says which ones exist."""
+
+
+# ---------------------------------------------------------------------------------------------
+# precision
+
+
+def mantissa_bits(precision: str | None) -> int | None:
+    """Kept mantissa bits of a precision name: None for lossless, N for "bitround-N"."""
+    if precision in (None, LOSSLESS):
+        return None
+    m = _BITROUND.match(str(precision))
+    if not m or not 0 <= int(m.group(1)) < BF16_MANTISSA_BITS:
+        raise PrecisionError(
+            f"extract.precision {precision!r}: use 'lossless' or 'bitround-N' with N in "
+            f"0..{BF16_MANTISSA_BITS - 1} (mantissa bits kept of bfloat16's 7)"
+        )
+    return int(m.group(1))
+
+
+def max_relative_error(keep: int | None) -> float:
+    """Bound on |rounded - x| / |x| for every finite value of magnitude >= the smallest normal."""
+    return 0.0 if keep is None else 2.0 ** -(keep + 1)
+
+
+def precision_attrs(precision: str | None) -> dict:
+    """The group attribute ``precision`` of a new store."""
+    keep = mantissa_bits(precision)
+    if keep is None:
+        return {"kind": LOSSLESS, "mantissa_bits": BF16_MANTISSA_BITS}
+    return {
+        "kind": "bitround",
+        "name": f"bitround-{keep}",
+        "mantissa_bits": keep,
+        "rounding": "nearest, ties to even (numcodecs BitRound on the exact float32 value)",
+        "max_relative_error": max_relative_error(keep),
+    }
+
+
+def stored_mantissa_bits(attrs: dict) -> int | None:
+    """None for a lossless store (also one written before the attribute existed), else N."""
+    p = attrs.get("precision")
+    if not isinstance(p, dict) or p.get("kind", LOSSLESS) == LOSSLESS:
+        return None
+    return int(p["mantissa_bits"])
+
+
+def round_bf16_bits(bits: np.ndarray, keep: int | None) -> np.ndarray:
+    """bf16 bit patterns rounded to `keep` mantissa bits (a new uint16 array; None: a copy).
+
+    bf16 -> float32 is exact (the pattern shifted left 16), so BitRound(keepbits=keep) on
+    float32 rounds exactly as rounding the bf16 value would; the result's low 16 bits are zero
+    and it shifts back without loss. Values that round past the largest finite bf16 become Inf
+    (extraction refuses non-finite states before they get here).
+    """
+    bits = np.asarray(bits)
+    if bits.dtype != np.uint16:
+        raise TypeError(f"round_bf16_bits takes uint16 bf16 bit patterns, got {bits.dtype}")
+    if keep is None:
+        return bits.copy()
+    f32 = (bits.astype(np.uint32) << 16).view(np.float32)
+    rounded = np.asarray(BitRound(keepbits=int(keep)).encode(f32)).view(np.uint32)
+    return (rounded.reshape(bits.shape) >> 16).astype(np.uint16)
+
+
+def cosine_bar(min_cosine: float, keep: int | None) -> float:
+    """The spot check's bar for a store rounded to `keep` bits.
+
+    Rounding moves each value by at most eps = 2^-(keep+1) of itself, so the stored vector is
+    within angle asin(eps) of the exact one; the two angles add.
+    """
+    if keep is None:
+        return float(min_cosine)
+    angle = math.acos(max(-1.0, min(1.0, float(min_cosine))))
+    return math.cos(min(math.pi, angle + math.asin(max_relative_error(keep))))
+
+
+# ---------------------------------------------------------------------------------------------
+# the arrays of a new store
+
+
+def hidden_compressors(typesize: int) -> list:
+    return [
+        BloscCodec(
+            cname="zstd",
+            clevel=1,
+            shuffle="shuffle",
+            typesize=typesize,
+            blocksize=BLOSC_BLOCKSIZE,
+        ),
+        Crc32cCodec(),
+    ]
+
+
+def create_arrays(
+    group: zarr.Group, k: int, hidden: int, chunk_tokens: int, shard_tokens: int
+) -> None:
+    """The six arrays, empty (length 0 on the token and sample axes)."""
+    ser = BytesCodec()
+
+    def token_array(name, dtype, tail, typesize, dims, attrs=None):
+        group.create_array(
+            name,
+            shape=(0, *tail),
+            dtype=dtype,
+            chunks=(chunk_tokens, *tail),
+            shards=(shard_tokens, *tail),
+            serializer=ser,
+            compressors=hidden_compressors(typesize),
+            fill_value=0,
+            dimension_names=dims,
+            attributes=attrs or {},
+            config=WRITE_CONFIG,
+        )
+
+    bf16 = {"dtype": "bfloat16", "encoding": "uint16 holds the bfloat16 bit pattern"}
+    token_array("input_ids", "int32", (), 4, ("token",))
+    token_array("loss_mask", "uint8", (), 1, ("token",))
+    token_array("aux_hidden", "uint16", (k, hidden), 2, ("token", "aux_layer", "hidden"), bf16)
+    token_array("final_hidden", "uint16", (hidden,), 2, ("token", "hidden"), bf16)
+    offsets = group.create_array(
+        "offsets",
+        shape=(1,),
+        dtype="int64",
+        chunks=(SAMPLE_CHUNK,),
+        serializer=ser,
+        compressors=[ZstdCodec(level=1), Crc32cCodec()],
+        fill_value=0,
+        dimension_names=("sample_edge",),
+        config=WRITE_CONFIG,
+    )
+    offsets[0:1] = np.zeros(1, dtype=np.int64)  # offsets[0] = 0, stored as a real chunk
+    group.create_array(
+        "sample_id",
+        shape=(0,),
+        dtype=str,
+        chunks=(SAMPLE_CHUNK,),
+        compressors=[ZstdCodec(level=1), Crc32cCodec()],
+        dimension_names=("sample",),
+        config=WRITE_CONFIG,
+    )

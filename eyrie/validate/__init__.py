@@ -1,0 +1,1 @@
+"""Validation: every token and error of a shard store checked and counted."""

@@ -5,7 +5,6 @@ SGLang records the *input* of layer j when j is in ``layers_to_capture``, which 
 layer j - 1. Eyrie's aux id i means the output of layer i, so the export stage needs
 ``layers_to_capture == [i + 1 for i in aux_ids]`` and must know which ids to pass to get it.
 Releases differ (some add 1 to every id, some only when the first id is 1), so the rule is read
-from eyrie.common.errors import EyrieError
 from the source as ordered cases, and the cases' conditions are evaluated here by a small
 interpreter that only knows lists of ints, comparisons and the layer count.
 """
@@ -16,6 +15,8 @@ import ast
 import itertools
 import operator
 from dataclasses import dataclass, field
+
+from eyrie.common.errors import EyrieError
 
 
 class ShiftError(EyrieError, ValueError):

@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -16,18 +18,52 @@ def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
 
 
-def write_text(path: str | Path, text: str) -> None:
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable (a crash after it cannot bring the old name back)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # pragma: no cover - a file system without directory handles
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside `path` for any writer that takes a file name (pandas, torch,
+    safetensors, matplotlib); on a clean exit it is fsynced and renamed onto `path`, on an error
+    it is removed and `path` keeps its old content."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp(path)
     try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        yield tmp
+        _fsync_file(tmp)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
 
 
 def write_json(path: str | Path, obj, *, indent: int = 1, default=None) -> None:
@@ -35,14 +71,8 @@ def write_json(path: str | Path, obj, *, indent: int = 1, default=None) -> None:
 
 
 def copy(src: str | Path, dst: str | Path) -> None:
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(dst)
-    try:
+    with atomic_path(dst) as tmp:
         shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def replace_folder(src: str | Path, dst: str | Path) -> None:
@@ -59,4 +89,5 @@ def replace_folder(src: str | Path, dst: str | Path) -> None:
     if dst.exists():
         os.replace(dst, old)
     os.replace(src, dst)
+    _fsync_dir(dst.parent)
     shutil.rmtree(old, ignore_errors=True)

@@ -21,8 +21,9 @@ yaml.safe_dump(c, open(sys.argv[1], "w"))
 PY
 if [ $skip = 0 ]; then
   t0=$(date +%s)
-  python3 -m snakemake --cores 8 --configfile "$cfg" results/data/train.jsonl results/data/heldout.jsonl \
-    > "$OUT/logs/dataset.log" 2>&1
+  # the prepared splits (rule prepare_dataset); a machine without Snakemake may bring them along
+  [ -f results/data/heldout.jsonl ] || python3 -m snakemake --cores 8 --configfile "$cfg" \
+    results/data/train.jsonl results/data/heldout.jsonl > "$OUT/logs/dataset.log" 2>&1
   for split in train heldout; do for shard in 0 1; do
     python3 -m eyrie.cli.main extract --config "$cfg" --split $split --shard $shard --no-progress \
       > "$OUT/logs/extract-$split-$shard.log" 2>&1 &

@@ -49,6 +49,18 @@ def target_config():
     return f"{target_dir()}/config.json"
 
 
+# The bundle the extract jobs use: capture.sglang.bundle, or the one patch_server builds.
+SGLANG_BUNDLE = config["capture"]["sglang"].get("bundle") or f"{R}/patch"
+# Extra input of the extract jobs: the bundle, when capture.backend is sglang.
+PATCH_INPUTS = [SGLANG_BUNDLE] if config["capture"]["backend"] == "sglang" else []
+# The capture settings of the extract jobs, with the bundle's folder filled in for sglang.
+EXTRACT_CAPTURE = (
+    {**config["capture"], "sglang": {**config["capture"]["sglang"], "bundle": SGLANG_BUNDLE}}
+    if config["capture"]["backend"] == "sglang"
+    else config["capture"]
+)
+
+
 def dataset_source(wildcards):
     return config["dataset"][wildcards.split]
 

@@ -3,18 +3,6 @@
 # (docs/sglang-backend.md). Built only when extraction goes through SGLang.
 
 
-# The bundle the extract jobs use: capture.sglang.bundle, or the one patch_server builds.
-SGLANG_BUNDLE = config["capture"]["sglang"].get("bundle") or f"{R}/patch"
-# Extra input of rule extract: the bundle, when capture.backend is sglang.
-PATCH_INPUTS = [SGLANG_BUNDLE] if config["capture"]["backend"] == "sglang" else []
-# The capture settings of rule extract, with the bundle's folder filled in for sglang.
-EXTRACT_CAPTURE = (
-    {**config["capture"], "sglang": {**config["capture"]["sglang"], "bundle": SGLANG_BUNDLE}}
-    if config["capture"]["backend"] == "sglang"
-    else config["capture"]
-)
-
-
 rule patch_server:
     input:
         report=f"{R}/verify/report.json",

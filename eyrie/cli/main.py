@@ -1,8 +1,10 @@
 """The `eyrie` command: each workflow stage is also a subcommand, for use outside Snakemake.
 
-Stage modules register themselves in SUBCOMMANDS as "name": "module:function"; the module must
-define `add_arguments(parser)` and the function takes the parsed namespace and returns an exit code.
-Modules are imported only when their subcommand runs, so `eyrie --help` stays fast.
+SUBCOMMANDS below maps each subcommand to the eyrie.cli module that implements it. Such a module
+defines `add_arguments(parser)` and `run(args) -> exit code` (a module may serve several
+subcommands and read `args.command`). Modules are imported only when their subcommand runs, so
+`eyrie --help` stays fast. An EyrieError (a bad input, named with its fix) is caught here once
+and printed as one line with exit code 1; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 import sys
 
 from eyrie import __version__
+from eyrie.common.errors import EyrieError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -54,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         sub = argparse.ArgumentParser(prog=f"eyrie {argv[0]}", description=SUBCOMMANDS[argv[0]][1])
         module.add_arguments(sub)
         args = sub.parse_args(argv[1:])
-        return int(module.run(args) or 0)
+        args.command = argv[0]
+        try:
+            return int(module.run(args) or 0)
+        except EyrieError as exc:
+            print(f"eyrie {argv[0]}: {exc}", file=sys.stderr)
+            return 1
     parser.parse_args(argv)
     parser.print_help()
     return 0

@@ -1,5 +1,6 @@
 # Eyrie: from a served target LLM to a trained, validated EAGLE-3 drafter.
-# Stages: data -> target -> verify_env -> extract -> validate (training and evaluation follow).
+# Stages: data -> regenerate (optional) -> target -> verify_env -> patch_server (SGLang) ->
+# extract -> validate -> draft_vocab -> train -> export -> evaluate -> report.
 
 from snakemake.utils import min_version, validate
 
@@ -22,6 +23,7 @@ report: "report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/data.smk"
+include: "rules/regenerate.smk"
 include: "rules/target.smk"
 include: "rules/verify.smk"
 include: "rules/patch.smk"

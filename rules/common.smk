@@ -61,6 +61,14 @@ EXTRACT_CAPTURE = (
 )
 
 
+def split_data(wildcards):
+    """The conversations a split's stores are made of: regenerated ones when
+    regenerate.enabled (rules/regenerate.smk), else the prepared dataset."""
+    if config["regenerate"]["enabled"]:
+        return f"{R}/regen/{wildcards.split}.jsonl"
+    return f"{R}/data/{wildcards.split}.jsonl"
+
+
 def dataset_source(wildcards):
     return config["dataset"][wildcards.split]
 

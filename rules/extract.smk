@@ -17,7 +17,7 @@
 
 rule extract:
     input:
-        data=f"{R}/data/{{split}}.jsonl",
+        data=split_data,
         target=target_config(),
         verify=f"{R}/verify/report.json",
         patch=PATCH_INPUTS,  # the SGLang patch bundle (rules/patch.smk); none for hf

@@ -6,7 +6,7 @@ rule validate_shard:
     input:
         store=f"{R}/store/{{split}}/shard-{{shard}}.zarr",
         errors=f"{R}/store/{{split}}/shard-{{shard}}.errors.csv",
-        data=f"{R}/data/{{split}}.jsonl",
+        data=split_data,
         target=target_config(),
     output:
         report=f"{R}/validate/{{split}}/shard-{{shard}}.json",

@@ -1,0 +1,194 @@
+"""The regenerate stage for one split: resumable, counted, with provenance.
+
+Conversations are regenerated in chunks of `chunk` conversations. Each finished chunk is
+appended to a work file (`.work/<split>.jsonl` beside the output, one outcome per line, then an
+end-of-chunk line) and fsynced, so a killed run loses at most the chunk in progress: the next
+run keeps every complete chunk, drops a torn tail, and goes on from there. Each chunk is seeded
+from (seed, chunk number), so a resumed run samples what an uninterrupted one would have. Only
+when every chunk is done are the output JSONL and its summary written (atomically), and the
+work file removed. A second job on the same split is refused (the work file is locked).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from eyrie.common import atomic
+from eyrie.common.errors import EyrieError
+from eyrie.common.provenance import file_sha256, package_versions
+from eyrie.regenerate.turns import GENERATED, Outcome, count, regenerate_conversations
+
+log = logging.getLogger(__name__)
+WORK_DIR = ".work"
+BACKENDS = ("hf",)
+
+
+class RegenerateError(EyrieError, RuntimeError):
+    """The stage cannot run as configured; the message names the setting or file to fix."""
+
+
+def read_records(path: Path) -> list[dict]:
+    """The prepared split (rule prepare_dataset's JSONL: id, messages, source per line)."""
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RegenerateError(f"cannot read the prepared split {path}: {exc}") from None
+
+
+def read_work(path: Path) -> list[Outcome]:
+    """The outcomes of every complete chunk in a work file; a torn tail is cut off the file."""
+    if not path.exists():
+        return []
+    done: list[Outcome] = []
+    chunk: list[Outcome] = []
+    good_bytes = 0
+    with open(path, "rb") as fh:
+        for raw in fh:
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError:
+                break  # a line cut by a kill: it and what follows are redone
+            if "chunk_end" in obj:
+                done += chunk
+                chunk = []
+                good_bytes = fh.tell()
+            else:
+                chunk.append(Outcome.from_json(obj))
+    if good_bytes < path.stat().st_size:
+        with open(path, "r+b") as fh:
+            fh.truncate(good_bytes)
+    return done
+
+
+def append_chunk(fh, outcomes: list[Outcome], number: int) -> None:
+    lines = [json.dumps(o.to_json()) for o in outcomes] + [json.dumps({"chunk_end": number})]
+    fh.write(("\n".join(lines) + "\n").encode())
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def regenerate_split(
+    data_path,
+    target_path,
+    out_jsonl,
+    summary_json,
+    settings: dict,
+    *,
+    architecture: str | None = None,
+    split: str = "",
+    progress: bool = True,
+    generator_factory=None,
+) -> dict:
+    """Regenerate one prepared split; returns the summary written to `summary_json`.
+
+    `generator_factory(model_path, settings) -> (generator, tokenizer, max_positions)` builds the
+    backend (default: transformers in-process); tests pass a stand-in.
+    """
+    data_path, out_jsonl, summary_json = Path(data_path), Path(out_jsonl), Path(summary_json)
+    if settings.get("backend", "hf") not in BACKENDS:
+        raise RegenerateError(
+            f"regenerate.backend {settings['backend']!r} is not one of {list(BACKENDS)}"
+        )
+    records = read_records(data_path)
+    work = out_jsonl.parent / WORK_DIR / out_jsonl.name
+    work.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(work, "ab") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RegenerateError(
+                f"{work} is locked by another regenerate job of this split; wait for it to end"
+            ) from None
+        done = read_work(work)
+        fh.seek(0, os.SEEK_END)
+        if done:
+            log.info("resuming %s: %d of %d conversations done", work, len(done), len(records))
+        if len(done) < len(records):
+            factory = generator_factory or hf_generator
+            generator, tokenizer, max_positions = factory(target_path, settings, architecture)
+            max_prompt = max_positions - int(settings["max_new_tokens"])
+            if max_prompt < 1:
+                raise RegenerateError(
+                    f"regenerate.max_new_tokens ({settings['max_new_tokens']}) leaves no room for "
+                    f"a prompt in the target's {max_positions} positions; lower it"
+                )
+            size = int(settings["chunk"])
+            bar = tqdm(
+                total=len(records),
+                initial=len(done),
+                desc=f"regenerate {split}",
+                disable=not progress,
+                unit="conv",
+            )
+            for first in range(len(done), len(records), size):
+                number = first // size
+                _seed(int(settings["seed"]), number)
+                outcomes = regenerate_conversations(
+                    records[first : first + size], first, generator, tokenizer, max_prompt
+                )
+                append_chunk(fh, outcomes, number)
+                done += outcomes
+                bar.update(len(outcomes))
+            bar.close()
+    counts = count(done)
+    if counts["input"] != len(records) or [o.index for o in done] != list(range(len(records))):
+        raise RegenerateError(
+            f"{work} does not hold exactly the {len(records)} conversations of {data_path} in "
+            "order (it was written for other data); delete it and rerun"
+        )
+    summary = {
+        "split": split,
+        "input": str(data_path),
+        "input_sha256": file_sha256(data_path),
+        "target": str(target_path),
+        "settings": dict(settings),
+        "counts": counts,
+        "seconds": round(time.perf_counter() - start, 2),
+        "versions": package_versions(),
+    }
+    lines = [json.dumps(o.record) for o in done if o.status == GENERATED]
+    atomic.write_text(out_jsonl, "".join(line + "\n" for line in lines))
+    atomic.write_json(summary_json, summary)
+    work.unlink()
+    try:
+        work.parent.rmdir()
+    except OSError:  # another split's work file is still there
+        pass
+    return summary
+
+
+def _seed(seed: int, chunk: int) -> None:
+    import torch
+
+    torch.manual_seed(seed * 1_000_003 + chunk)
+
+
+def hf_generator(target_path, settings: dict, architecture: str | None = None):
+    """transformers in-process: (HFGenerator, tokenizer, the target's position limit)."""
+    from eyrie.common.device import pick_device
+    from eyrie.regenerate.hf import HFGenerator
+    from eyrie.target.load import load_model, load_tokenizer
+
+    device = pick_device(settings.get("device", "auto"), "regenerate.device")
+    model, _ = load_model(target_path, device, architecture)
+    tokenizer = load_tokenizer(target_path)
+    cfg = (
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    )
+    positions = int(getattr(cfg, "max_position_embeddings", 0) or 1 << 20)
+    gen = HFGenerator(
+        model,
+        tokenizer,
+        max_new_tokens=settings["max_new_tokens"],
+        temperature=settings["temperature"],
+        batch_size=settings["batch_size"],
+    )
+    return gen, tokenizer, positions

@@ -1,0 +1,124 @@
+"""Turn by turn: every assistant turn of a conversation replaced by the target's answer.
+
+Conversations are regenerated together, one assistant turn at a time: round r asks the target
+for the r-th assistant turn of every conversation still going, each prompt rendered with the
+target's chat template from the conversation so far (its earlier answers already the target's
+own). A conversation ends early when an answer is empty or a prompt would not leave room for
+`max_new_tokens`; what was regenerated before that point is kept. Each outcome is counted by
+kind, so generated + skipped + failed always equals the input.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from eyrie.data.chat_tokens import render
+
+# Outcome of one conversation.
+GENERATED = "generated"  # every assistant turn is the target's (some may be cut at the limit)
+SKIPPED = "skipped"  # no assistant turn could be regenerated (the kind says why)
+FAILED = "failed"  # generation raised an error for this conversation's batch
+
+
+@dataclass
+class Outcome:
+    index: int  # position in the input file
+    status: str  # GENERATED, SKIPPED or FAILED
+    record: dict | None  # the regenerated conversation (None unless GENERATED)
+    kinds: Counter = field(default_factory=Counter)  # answers by kind, and why a turn was dropped
+
+    def to_json(self) -> dict:
+        return {
+            "index": self.index,
+            "status": self.status,
+            "record": self.record,
+            "kinds": dict(self.kinds),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Outcome:
+        return cls(obj["index"], obj["status"], obj["record"], Counter(obj["kinds"]))
+
+
+def regenerate_conversations(
+    records: list[dict], first_index: int, generator, tokenizer, max_prompt_tokens: int
+) -> list[Outcome]:
+    """Outcomes of `records` (prepared dataset lines) with their assistant turns regenerated.
+
+    An exception of the generator marks every conversation of the round FAILED and is raised
+    again: the caller decides whether the run stops (a failed batch is never written as done).
+    """
+    outcomes = [Outcome(first_index + k, SKIPPED, None) for k in range(len(records))]
+    kept: list[list[dict]] = [[] for _ in records]  # messages so far, answers the target's
+    rest = [list(rec["messages"]) for rec in records]  # source messages not yet handled
+    live = [k for k, rec in enumerate(records) if _answers(rec["messages"])]
+    for k, rec in enumerate(records):
+        if not _answers(rec["messages"]):
+            outcomes[k].kinds["no_assistant_turn"] += 1
+    while live:
+        asks = []
+        for k in live:
+            while rest[k] and rest[k][0]["role"] != "assistant":  # turns up to the next answer
+                kept[k].append(rest[k].pop(0))
+            if not rest[k]:
+                continue  # every answer done
+            prompt = render(tokenizer, kept[k], add_generation_prompt=True)
+            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            if len(ids) > max_prompt_tokens:
+                _stop(outcomes[k], rest[k], "prompt_too_long")
+                continue
+            asks.append((k, ids))
+        if not asks:
+            break
+        try:
+            answers = generator.generate([ids for _, ids in asks])
+        except Exception as exc:
+            for k, _ in asks:
+                outcomes[k].status = FAILED
+                outcomes[k].kinds[f"error: {type(exc).__name__}"] += 1
+            raise
+        live = []
+        for (k, _), answer in zip(asks, answers, strict=True):
+            text = tokenizer.decode(answer.ids, skip_special_tokens=True).strip()
+            if not text:
+                _stop(outcomes[k], rest[k], "empty_answer")
+                continue
+            outcomes[k].kinds["answers"] += 1
+            if not answer.stopped:
+                outcomes[k].kinds["cut_at_limit"] += 1
+            rest[k].pop(0)  # the source's answer, replaced by the target's
+            kept[k].append({"role": "assistant", "content": text})
+            live.append(k)
+    for k, rec in enumerate(records):
+        msgs = kept[k]
+        while msgs and msgs[-1]["role"] != "assistant":  # a question left without its answer
+            msgs.pop()
+        if outcomes[k].status != FAILED and msgs:
+            outcomes[k].status = GENERATED
+            outcomes[k].record = {**rec, "messages": msgs}
+    return outcomes
+
+
+def _answers(messages: list[dict]) -> int:
+    return sum(m["role"] == "assistant" for m in messages)
+
+
+def _stop(outcome: Outcome, rest: list[dict], kind: str) -> None:
+    """End a conversation here: this turn and the answers after it are dropped."""
+    outcome.kinds[kind] += 1
+    outcome.kinds["answers_dropped"] += _answers(rest)
+    rest.clear()
+
+
+def count(outcomes: list[Outcome]) -> dict:
+    """Conversations by status and answers by kind, over a whole split."""
+    status = Counter(o.status for o in outcomes)
+    kinds: Counter = Counter()
+    for o in outcomes:
+        kinds.update(o.kinds)
+    return {
+        "input": len(outcomes),
+        **{s: status.get(s, 0) for s in (GENERATED, SKIPPED, FAILED)},
+        "kinds": dict(sorted(kinds.items())),
+    }

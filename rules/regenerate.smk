@@ -1,0 +1,29 @@
+# Regenerate stage (regenerate.enabled): the target answers each split's prompts itself, turn by
+# turn, and its answers replace the dataset's assistant turns (docs/regenerate.md). Extraction
+# and validation then read results/regen/{split}.jsonl instead of results/data/{split}.jsonl.
+# A killed job resumes from its last finished chunk (a work file under results/regen/.work/).
+
+
+rule regenerate:
+    input:
+        data=f"{R}/data/{{split}}.jsonl",
+        target=target_config(),
+    output:
+        jsonl=f"{R}/regen/{{split}}.jsonl",
+        summary=f"{R}/regen/{{split}}.summary.json",
+    params:
+        target=lambda wildcards, input: os.path.dirname(input.target),
+        architecture=config["target"]["architecture"],
+        settings={k: v for k, v in config["regenerate"].items() if k != "enabled"},
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    log:
+        f"{R}/logs/regenerate/{{split}}.log",
+    benchmark:
+        f"{R}/benchmarks/regenerate/{{split}}.tsv"
+    conda:
+        "../envs/eyrie.yaml"
+    script:
+        "../scripts/regenerate.py"

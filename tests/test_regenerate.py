@@ -1,0 +1,194 @@
+"""The regenerate stage: the target's own answers, turn by turn, resumable and counted.
+
+Greedy answers are checked against an independent reference (a loop of full forward passes of
+the same transformers model, no cache, no batching); resume, counts and locking use a cheap
+stand-in generator with the real toy tokenizer.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eyrie.data.chat_tokens import render
+from eyrie.regenerate.hf import Answer, HFGenerator, stop_ids
+from eyrie.regenerate.stage import RegenerateError, read_work, regenerate_split
+from eyrie.regenerate.turns import regenerate_conversations
+from eyrie.target.load import load_model, load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "models" / "toy-llama"
+SETTINGS = {
+    "backend": "hf",
+    "temperature": 0.0,
+    "max_new_tokens": 16,
+    "batch_size": 3,
+    "chunk": 4,
+    "seed": 0,
+    "device": "cpu",
+}
+
+
+def shipped(n: int, multi_turn: bool = False) -> list[dict]:
+    out = []
+    for line in (ROOT / "data" / "chat" / "train.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        turns = sum(m["role"] == "assistant" for m in rec["messages"])
+        if (turns > 1) == multi_turn:
+            out.append(rec)
+        if len(out) == n:
+            return out
+    raise AssertionError("the shipped data has too few such conversations")
+
+
+@pytest.fixture(scope="module")
+def toy():
+    torch.manual_seed(0)
+    model, _ = load_model(TOY, torch.device("cpu"))
+    return model, load_tokenizer(TOY)
+
+
+@torch.no_grad()
+def reference_answer(model, tokenizer, messages, n: int) -> str:
+    """Greedy, one full forward pass per token: no KV cache, no padding, no batch."""
+    prompt = render(tokenizer, messages, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    stops, new = stop_ids(tokenizer, model), []
+    for _ in range(n):
+        nxt = int(model(torch.tensor([ids + new])).logits[0, -1].argmax())
+        if nxt in stops:
+            break
+        new.append(nxt)
+    return tokenizer.decode(new, skip_special_tokens=True).strip()
+
+
+def test_greedy_answers_match_full_forward_passes_turn_by_turn(toy):
+    model, tok = toy
+    records = shipped(4) + shipped(2, multi_turn=True)
+    gen = HFGenerator(model, tok, max_new_tokens=16, temperature=0.0, batch_size=4)
+    outcomes = regenerate_conversations(records, 0, gen, tok, max_prompt_tokens=900)
+    for rec, out in zip(records, outcomes, strict=True):
+        assert out.status == "generated"
+        got = out.record["messages"]
+        assert [m["role"] for m in got] == [m["role"] for m in rec["messages"]][: len(got)]
+        for i, msg in enumerate(got):
+            if msg["role"] == "assistant":  # against the target's own earlier answers
+                assert msg["content"] == reference_answer(model, tok, got[:i], 16)
+            else:
+                assert msg == rec["messages"][i]
+    assert sum(len(o.record["messages"]) > 2 for o in outcomes) == 2  # multi-turn kept
+
+
+class Echo:
+    """Answers with the prompt's last tokens (the turn's own question, so each answer differs);
+    answer number `empty_at` is empty, `cut_at` runs to the limit, `fail_at` raises."""
+
+    def __init__(self, tokenizer, empty_at=(), cut_at=(), fail_at=None):
+        self.tok, self.calls, self.n = tokenizer, 0, 0
+        self.empty_at, self.cut_at, self.fail_at = set(empty_at), set(cut_at), fail_at
+
+    def generate(self, prompts):
+        self.calls += 1
+        if self.fail_at is not None and self.calls == self.fail_at:
+            raise RuntimeError("out of memory (stand-in)")
+        out = []
+        for p in prompts:
+            self.n += 1
+            ids = [] if self.n in self.empty_at else [t for t in p[-6:] if t > 2]
+            out.append(Answer(ids, stopped=self.n not in self.cut_at))
+        return out
+
+
+def stage(tmp_path, name, records, factory, settings=SETTINGS):
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / name
+    return regenerate_split(
+        data,
+        TOY,
+        out / "train.jsonl",
+        out / "train.summary.json",
+        settings,
+        split="train",
+        progress=False,
+        generator_factory=factory,
+    )
+
+
+def test_a_killed_run_resumes_to_what_an_uninterrupted_run_writes(tmp_path):
+    tok = load_tokenizer(TOY)
+    records = shipped(7) + shipped(3, multi_turn=True)
+    whole = stage(tmp_path, "whole", records, lambda *a: (Echo(tok), tok, 1024))
+    with pytest.raises(RuntimeError, match="out of memory"):  # dies in chunk 2 (of 3)
+        stage(tmp_path, "cut", records, lambda *a: (Echo(tok, fail_at=3), tok, 1024))
+    work = tmp_path / "cut" / ".work" / "train.jsonl"
+    assert len(read_work(work)) == 4  # chunk 1 kept; nothing of the failed chunk
+    with open(work, "ab") as fh:  # and a line torn by a kill
+        fh.write(b'{"index": 4, "status": "gener')
+    calls = []
+
+    def again(*a):
+        calls.append(1)
+        return Echo(tok), tok, 1024
+
+    resumed = stage(tmp_path, "cut", records, again)
+    assert calls == [1]
+    assert (tmp_path / "cut" / "train.jsonl").read_bytes() == (
+        tmp_path / "whole" / "train.jsonl"
+    ).read_bytes()
+    assert resumed["counts"] == whole["counts"]
+    assert not work.exists()
+    c = whole["counts"]
+    assert c["input"] == 10 and c["generated"] + c["skipped"] + c["failed"] == 10
+
+
+def test_bad_answers_are_counted_by_kind_and_counts_add_up(tmp_path):
+    tok = load_tokenizer(TOY)
+    records = shipped(4) + [{"id": "q", "messages": [{"role": "user", "content": "hi"}]}]
+    records.append(
+        {
+            "id": "long",
+            "messages": [
+                {"role": "user", "content": "word " * 900},
+                {"role": "assistant", "content": "ok"},
+            ],
+        }
+    )
+    # answers 1 and 3 (of conversations 0 and 2) empty, answer 2 cut at the limit
+    summary = stage(
+        tmp_path, "o", records, lambda *a: (Echo(tok, empty_at={1, 3}, cut_at={2}), tok, 400)
+    )
+    c = summary["counts"]
+    assert (c["input"], c["generated"], c["skipped"], c["failed"]) == (6, 2, 4, 0)
+    assert c["kinds"] == {
+        "answers": 2,
+        "answers_dropped": 3,
+        "cut_at_limit": 1,
+        "empty_answer": 2,
+        "no_assistant_turn": 1,
+        "prompt_too_long": 1,
+    }
+    lines = (tmp_path / "o" / "train.jsonl").read_text().splitlines()
+    kept = [json.loads(line)["id"] for line in lines]
+    assert kept == [records[1]["id"], records[3]["id"]]
+    assert summary["input_sha256"] and summary["versions"]["python"]
+
+
+def test_a_second_job_on_the_same_split_is_refused(tmp_path):
+    tok = load_tokenizer(TOY)
+    work = tmp_path / "w" / ".work" / "train.jsonl"
+    work.parent.mkdir(parents=True)
+    with open(work, "ab") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(RegenerateError, match="locked by another regenerate job"):
+            stage(tmp_path, "w", shipped(2), lambda *a: (Echo(tok), tok, 1024))
+
+
+def test_max_new_tokens_beyond_the_target_positions_is_refused(tmp_path):
+    tok = load_tokenizer(TOY)
+    with pytest.raises(RegenerateError, match="regenerate.max_new_tokens"):
+        stage(tmp_path, "m", shipped(2), lambda *a: (Echo(tok), tok, 16))

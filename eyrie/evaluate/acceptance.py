@@ -242,8 +242,8 @@ def evaluate_stores(
     from tqdm import tqdm
 
     from eyrie.store.shard import ShardDataset, ShardReader
+    from eyrie.train.data import Pad
     from eyrie.train.model import read_target_tensors
-    from eyrie.train.trainer import Pad
 
     if steps < 1:
         raise AcceptanceError(f"evaluate.steps must be at least 1, got {steps}")

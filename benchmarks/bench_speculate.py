@@ -27,6 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eyrie.common.device import pick_device  # noqa: E402
+from eyrie.common.provenance import machine  # noqa: E402
 from eyrie.evaluate import speculate as sp  # noqa: E402
 
 
@@ -66,7 +68,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    device = sp.pick_device(args.device)
+    device = pick_device(args.device, "--device")
     target_dir = Path(args.target)
     if args.untrained:
         target, runner, tok = untrained_pair(target_dir, device, args.dtype, [1, 3, 4])
@@ -81,7 +83,7 @@ def main() -> int:
         drafter = args.drafter
     prompts = sp.load_prompts(args.prompts_jsonl, tok, args.prompts)
     eos = sp.eos_ids(tok, target.model.config)
-    m = sp.machine()
+    m = machine()
     print(
         f"machine: CPU {m['cpu']} ({m['cpu_cores']} cores, torch threads {m['torch_threads']}) "
         f"| GPU {m['gpu'] or 'none'} | torch {m['torch']} | transformers {m.get('transformers')}"

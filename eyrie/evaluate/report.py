@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from eyrie.common.atomic import atomic_path, write_text
 
 FIGURES = ("acceptance", "tau", "training", "extraction", "speed")
 
@@ -139,12 +139,11 @@ def _plt():
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")
+    """Write the figure atomically, in the format its name asks for (.png by default)."""
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", format=path.suffix[1:] or "png")
     finally:
-        tmp.unlink(missing_ok=True)
         _plt().close(fig)
 
 
@@ -449,10 +448,5 @@ def build_report(inp: Inputs, out_dir, figures: dict[str, Path] | None = None) -
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         draw[name](inp, Path(path))
     summary = out_dir / "summary.md"
-    tmp = summary.with_name(f".summary.{uuid.uuid4().hex}.md")
-    try:
-        tmp.write_text(summary_markdown(inp, figures))
-        os.replace(tmp, summary)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text(summary, summary_markdown(inp, figures))
     return {"summary": summary, **figures}

@@ -1,7 +1,7 @@
 """Speculative decoding against plain greedy decoding of the same prompts (same run, batch 1).
 
-Both use eyrie.evaluate.speculate's one KV-cache code path (transformers DynamicCache; the target runs
-once per token in plain decoding, once per verify step in speculation). Runs alternate per
+Both use eyrie.evaluate.speculate's one KV-cache code path (transformers DynamicCache; the target
+runs once per token in plain decoding, once per verify step in speculation). Runs alternate per
 prompt, after a warm-up; tokens/s count new tokens over wall-clock time, prefill included.
 Prints the machine, both tokens/s, the ratio, the mean accept length (tokens per verify step,
 bonus included) and whether every output equalled plain greedy decoding. On a shared machine

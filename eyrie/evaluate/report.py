@@ -153,13 +153,19 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def fig_acceptance(inp: Inputs, path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+def _acceptance_figure(inp: Inputs, figsize, key: str):
+    """(fig, ax, inp.acceptance), or with None for it when it lacks ``key`` (the axes say so)."""
+    fig, ax = _plt().subplots(figsize=figsize)
     a = inp.acceptance
-    if not a or not a.get("acc"):
+    if not a or not a.get(key):
         _empty(ax, "offline acceptance not measured")
-    else:
+        return fig, ax, None
+    return fig, ax, a
+
+
+def fig_acceptance(inp: Inputs, path: Path) -> None:
+    fig, ax, a = _acceptance_figure(inp, (7.5, 4.2), "acc")
+    if a is not None:
         K = len(a["acc"])
         x = list(range(K))
         w = 0.27
@@ -183,12 +189,8 @@ def fig_acceptance(inp: Inputs, path: Path) -> None:
 
 
 def fig_tau(inp: Inputs, path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    a = inp.acceptance
-    if not a or not a.get("tau_by_draft_tokens"):
-        _empty(ax, "offline acceptance not measured")
-    else:
+    fig, ax, a = _acceptance_figure(inp, (7, 4.2), "tau_by_draft_tokens")
+    if a is not None:
         taus = a["tau_by_draft_tokens"]
         ks = list(range(1, len(taus) + 1))
         ax.plot(ks, [t + 1 for t in taus], "o-", label="τ + 1: tokens per verify step (offline)")

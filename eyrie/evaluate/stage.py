@@ -166,19 +166,9 @@ def run_online(
     return record
 
 
-def run_report(
-    *,
-    out_dir,
-    acceptance=None,
-    speculate=None,
-    online=None,
-    train_metrics=None,
-    validate=None,
-    figures=None,
-    baselines=None,
-) -> dict:
-    """Figures and summary.md (verdict first) from whatever inputs exist."""
+def run_report(*, out_dir, figures=None, **records) -> dict:
+    """Figures and summary.md (verdict first) from whichever records exist; ``records`` are
+    eyrie.evaluate.report.read_inputs's (acceptance, speculate, online, train_metrics, ...)."""
     from eyrie.evaluate.report import build_report, read_inputs
 
-    inp = read_inputs(acceptance, speculate, online, train_metrics, validate, baselines)
-    return build_report(inp, out_dir, figures)
+    return build_report(read_inputs(**records), out_dir, figures)

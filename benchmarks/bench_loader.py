@@ -1,13 +1,13 @@
 """DataLoader throughput over shard stores vs the drafter trainer's consumption, same machine.
 
-Loader: ShardDataset + the trainer's own collate (eyrie.train.trainer.Pad) in random batches of
+Loader: ShardDataset + the trainer's own collate (eyrie.train.data.Pad) in random batches of
 --batch-size, for each --workers count, timed after a warm-up batch: samples/s as training would
 receive them (decoded, padded; pinned on CUDA). Trainer: optimizer steps of the drafter on
 in-memory batches of the same shape (benchmarks/bench_train.py's step), samples/s. The ratio
 loader / trainer must stay above 1 for the loader not to be the bottleneck.
 
 The stores are --stores (real ones), or synthetic activation-like ones written here
-(eyrie.store.shard.synthetic_activations) at the drafter's width, with sample lengths drawn around
+(tests/synthetic_data.py) at the drafter's width, with sample lengths drawn around
 --tokens.
 
     python benchmarks/bench_loader.py                               # toy width, CPU
@@ -32,11 +32,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # synthetic_data
 
 from bench_train import SIZES, bench  # noqa: E402
+from synthetic_data import synthetic_activations  # noqa: E402
 
-from eyrie.store.shard import ShardDataset, ShardReader, ShardWriter, synthetic_activations  # noqa: E402
-from eyrie.train.trainer import Pad  # noqa: E402
+from eyrie.store.shard import ShardDataset, ShardReader, ShardWriter  # noqa: E402
+from eyrie.train.data import Pad  # noqa: E402
 
 
 def write_stores(folder: Path, hidden: int, samples: int, tokens: int, seed: int) -> list[Path]:

@@ -1,7 +1,7 @@
 """Speculative decoding against plain greedy decoding of the same prompts (same run, batch 1).
 
-Both use eyrie.evaluate.speculate's one KV-cache code path (transformers DynamicCache; the target runs
-once per token in plain decoding, once per verify step in speculation). Runs alternate per
+Both use eyrie.evaluate.speculate's one KV-cache code path (transformers DynamicCache; the target
+runs once per token in plain decoding, once per verify step in speculation). Runs alternate per
 prompt, after a warm-up; tokens/s count new tokens over wall-clock time, prefill included.
 Prints the machine, both tokens/s, the ratio, the mean accept length (tokens per verify step,
 bonus included) and whether every output equalled plain greedy decoding. On a shared machine
@@ -27,6 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eyrie.common.device import pick_device  # noqa: E402
+from eyrie.common.provenance import machine  # noqa: E402
 from eyrie.evaluate import speculate as sp  # noqa: E402
 
 
@@ -66,7 +68,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    device = sp.pick_device(args.device)
+    device = pick_device(args.device, "--device")
     target_dir = Path(args.target)
     if args.untrained:
         target, runner, tok = untrained_pair(target_dir, device, args.dtype, [1, 3, 4])
@@ -81,7 +83,7 @@ def main() -> int:
         drafter = args.drafter
     prompts = sp.load_prompts(args.prompts_jsonl, tok, args.prompts)
     eos = sp.eos_ids(tok, target.model.config)
-    m = sp.machine()
+    m = machine()
     print(
         f"machine: CPU {m['cpu']} ({m['cpu_cores']} cores, torch threads {m['torch_threads']}) "
         f"| GPU {m['gpu'] or 'none'} | torch {m['torch']} | transformers {m.get('transformers')}"

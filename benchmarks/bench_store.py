@@ -1,6 +1,6 @@
 """Shard store vs one torch.save file per sample: bytes on disk, write time, random-read rate.
 
-Both formats hold the same synthetic activation-like samples (eyrie.store.shard.synthetic_activations).
+Both formats hold the same synthetic activation-like samples (tests/synthetic_data.py).
 Reads come from the page cache right after writing, so they measure decoding cost, not disk
 speed; on a real disk the smaller store also reads fewer bytes.
 
@@ -25,7 +25,10 @@ import pandas as pd
 import torch
 import zarr
 
-from eyrie.store.shard import ShardDataset, ShardReader, ShardWriter, synthetic_activations
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from synthetic_data import synthetic_activations  # noqa: E402
+
+from eyrie.store.shard import ShardDataset, ShardReader, ShardWriter  # noqa: E402
 
 
 class PtFiles(torch.utils.data.Dataset):

@@ -23,8 +23,8 @@ import time
 
 import torch
 
+from eyrie.train.loss import forward_batch, step_counts, weighted_loss
 from eyrie.train.model import Drafter, DrafterConfig, TargetHead
-from eyrie.train.trainer import forward_batch, step_counts, weighted_loss
 
 SIZES = {
     "toy": dict(

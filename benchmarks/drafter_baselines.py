@@ -4,8 +4,8 @@
     python benchmarks/drafter_baselines.py --train-stores A.zarr B.zarr --heldout-stores C.zarr \
         --target models/toy-llama --drafter-json results/evaluate/acceptance.json
 
-Baselines (eyrie/evaluate/baselines.py): the bigram table x_{t+1} -> most frequent greedy[t+1] (fit on
-the train stores) and the per-position 2-layer MLP probe on the drafter's own step-0 inputs
+Baselines (eyrie/evaluate/baselines.py): the bigram table x_{t+1} -> most frequent greedy[t+1]
+(fit on the train stores) and the per-position 2-layer MLP probe on the drafter's own step-0 inputs
 [aux_t, embed(x_{t+1})], and with final_t too; every one scored on the held-out rows acc_0 is
 scored on (loss-mask token at t+2, target = the target's greedy token at t+1, full vocabulary).
 The drafter's numbers are read from the run's evaluate (acceptance.json) and train

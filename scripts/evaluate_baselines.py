@@ -1,16 +1,12 @@
 """Snakemake adapter for rule evaluate_baselines: bigram and probe on the drafter's rows."""
 
-import contextlib
-
-import torch
-
+from eyrie.common.adapter import rule_log
 from eyrie.common.atomic import write_json
 from eyrie.evaluate.baselines import measure
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
-torch.set_num_threads(sm.threads)
-with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+with rule_log(sm):
     rec = measure(
         list(sm.input.train),
         list(sm.input.heldout),

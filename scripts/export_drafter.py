@@ -1,14 +1,15 @@
 """Snakemake adapter for rule export_drafter: write one engine's folder, then check it again
 against expectations taken from the store and the target, not from the drafter's own record."""
 
-import contextlib
 import json
 import shutil
 from pathlib import Path
 
 from safetensors.torch import load_file
 
+from eyrie.common.adapter import rule_log
 from eyrie.common.atomic import write_json
+from eyrie.common.hf_config import text_config
 from eyrie.export.check import Expectation, check_export, served_layers
 from eyrie.export.drafter import export, target_embedding
 from eyrie.store.shard import ShardReader
@@ -17,7 +18,7 @@ from eyrie.train.vocab import load as load_vocab
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
 engine, ex = sm.wildcards.engine, dict(sm.params.export)
-with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log):
+with rule_log(sm, threads=False):
     tokens = load_vocab(sm.input.vocab).draft_tokens
     record = export(
         Path(sm.input.weights).parent,
@@ -30,15 +31,12 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log):
         target_dir=Path(sm.input.target).parent,
         verifier=ex["verifier_name"],
     )
-    target = json.loads(Path(sm.input.target).read_text())
-    text = target.get("text_config", target)
+    text = text_config(json.loads(Path(sm.input.target).read_text()))
     captured = ShardReader(sm.input.store).aux_layer_ids  # what extraction really captured
-    expect = Expectation(
-        engine=engine,
-        aux_layer_ids=captured,
-        target_num_layers=int(text["num_hidden_layers"]),
-        target_hidden_size=int(text["hidden_size"]),
-        target_vocab_size=int(text["vocab_size"]),
+    expect = Expectation.of_target(
+        engine,
+        captured,
+        text,
         sglang_rule=ex["sglang_layer_id_rule"],
         draft_tokens=tokens,
         reference=load_file(sm.input.weights),

@@ -1,13 +1,13 @@
 """Snakemake adapter for rule report: figures and summary.md (verdict first) from the run."""
 
-import contextlib
 from pathlib import Path
 
-from eyrie.cli.evaluate import run_report
+from eyrie.common.adapter import rule_log
+from eyrie.evaluate.stage import run_report
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
-with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+with rule_log(sm, threads=False):
     written = run_report(
         out_dir=Path(sm.output.summary).parent,
         acceptance=sm.input.acceptance,

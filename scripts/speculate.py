@@ -1,37 +1,26 @@
 """Snakemake adapter for rule evaluate_speculate: plain vs speculative decoding, transformers."""
 
-import contextlib
-
-import torch
-
-from eyrie.cli.evaluate import known_errors, run_speculate
+from eyrie.common.adapter import rule_log
+from eyrie.evaluate.stage import run_speculate
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
-torch.set_num_threads(sm.threads)
 ev = sm.params.evaluate
-error = None
-with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-    try:
-        rec = run_speculate(
-            target_dir=sm.params.target,
-            drafter_dir=sm.params.drafter,
-            prompts_jsonl=sm.input.prompts,
-            prompts=ev["prompts"],
-            max_new_tokens=ev["max_new_tokens"],
-            draft_tokens=ev["draft_tokens"],
-            device=ev["device"],
-            dtype=ev["dtype"],
-            out_json=sm.output.json,
-            architecture=sm.params.architecture,
-        )
-        print(
-            f"plain {rec['plain_tokens_per_s']:.1f} tok/s, speculative "
-            f"{rec['spec_tokens_per_s']:.1f} tok/s ({rec['speedup']:.2f}x), accept length "
-            f"{rec['accept_length']:.2f}; identical {rec['identical']}/{rec['prompts']}"
-        )
-    except known_errors() as exc:
-        error = exc
-        print(f"error: {exc}")
-if error is not None:
-    raise SystemExit(f"error: {error}")
+with rule_log(sm):
+    rec = run_speculate(
+        target_dir=sm.params.target,
+        drafter_dir=sm.params.drafter,
+        prompts_jsonl=sm.input.prompts,
+        prompts=ev["prompts"],
+        max_new_tokens=ev["max_new_tokens"],
+        draft_tokens=ev["draft_tokens"],
+        device=ev["device"],
+        dtype=ev["dtype"],
+        out_json=sm.output.json,
+        architecture=sm.params.architecture,
+    )
+    print(
+        f"plain {rec['plain_tokens_per_s']:.1f} tok/s, speculative "
+        f"{rec['spec_tokens_per_s']:.1f} tok/s ({rec['speedup']:.2f}x), accept length "
+        f"{rec['accept_length']:.2f}; identical {rec['identical']}/{rec['prompts']}"
+    )

@@ -2,15 +2,14 @@
 train.processes > 1 one process per GPU (DDP), started by eyrie.train.launch with the rendezvous
 on train.rdzv_host (null: 127.0.0.1 only)."""
 
-import contextlib
-import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import torch
 import yaml
+
+from eyrie.common.adapter import rule_log
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
@@ -19,12 +18,10 @@ out = Path(sm.output.metrics).parent  # {R}/train; checkpoints in {R}/train/work
 work = out / "work"
 target = str(Path(sm.input.target).parent)
 processes = int(settings.get("processes", 1))
-with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-    logging.basicConfig(stream=log, level=logging.INFO, format="%(levelname)s %(message)s")
+with rule_log(sm, threads=processes == 1) as log:  # DDP: each process sets its own threads
     if processes == 1:
         from eyrie.train.trainer import train
 
-        torch.set_num_threads(sm.threads)
         train(
             train_stores=list(sm.input.train),
             heldout_stores=list(sm.input.heldout),

@@ -63,7 +63,7 @@ def test_everything_right_gives_tau_k():
 
 
 def test_acc_matches_the_training_metric():
-    from eyrie.train.trainer import ttt_terms
+    from eyrie.train.loss import ttt_terms
 
     g = torch.Generator().manual_seed(0)
     B, T, K, V = 3, 20, 4, 7

@@ -63,7 +63,7 @@ def tiny(tmp_path_factory):
 
 @torch.no_grad()
 def reference_greedy(model, prompt, n):
-    """Greedy decoding with full forward passes and no cache: independent of eyrie.evaluate.speculate."""
+    """Greedy decoding with full forward passes and no cache (independent of the code tested)."""
     ids = list(prompt)
     for _ in range(n):
         logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits

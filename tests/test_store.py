@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from synthetic_data import synthetic_activations
 
 from eyrie.store.shard import (
     ShardDataset,
@@ -18,7 +19,6 @@ from eyrie.store.shard import (
     StoreError,
     bf16_bits,
     from_bf16_bits,
-    synthetic_activations,
 )
 
 H, AUX = 32, [1, 3, 5]

@@ -12,18 +12,12 @@ import yaml
 from test_train_setup import AUX, make_setup, tiny_settings
 
 from eyrie.common.config import SCHEMA_PATH
-from eyrie.train.trainer import (
-    DEFAULTS,
-    Dist,
-    GlobalBatches,
-    TrainError,
-    lr_lambda,
-    soft_cross_entropy,
-    step_counts,
-    train,
-    ttt_terms,
-    weighted_loss,
-)
+from eyrie.train.data import GlobalBatches
+from eyrie.train.distributed import Dist
+from eyrie.train.loss import soft_cross_entropy, step_counts, ttt_terms, weighted_loss
+from eyrie.train.optim import lr_lambda
+from eyrie.train.settings import DEFAULTS, TrainError
+from eyrie.train.trainer import train
 
 
 def test_soft_cross_entropy_matches_torch():

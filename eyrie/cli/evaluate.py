@@ -1,195 +1,29 @@
 """`eyrie evaluate | speculate | report`: the evaluation stage outside Snakemake.
 
-- evaluate: offline acceptance of the trained drafter on the held-out stores (eyrie.evaluate.acceptance)
+- evaluate: offline acceptance of the trained drafter on the held-out stores
+  (eyrie.evaluate.acceptance)
 - speculate: speculative vs plain greedy decoding of held-out prompts, in-process with
   transformers (``--backend hf``) or with two SGLang servers (``--backend sglang``, GPU)
 - report: figures and summary.md from whatever the run produced (eyrie.evaluate.report)
 
 One module serves the three; which one is read from the parser's program name (``eyrie NAME``),
-as eyrie/cli/main.py builds it. Paths default to the config's layout under {results}. The ``run_*``
-functions are what the workflow's scripts call.
+as eyrie/cli/main.py builds it. Paths default to the config's layout under {results}
+(eyrie.common.layout); the steps themselves are eyrie/evaluate/stage.py's.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import time
 from pathlib import Path
 
-from eyrie.common.atomic import write_json, write_text
+from eyrie.common.errors import EyrieError
+from eyrie.common.layout import Layout
+from eyrie.evaluate.stage import run_evaluate, run_online, run_report, run_speculate
 
 COMMANDS = ("evaluate", "speculate", "report")
 
-
-# ---------------------------------------------------------------------------------------------
 # what the rules and the subcommands run
-
-
-def run_evaluate(
-    *,
-    drafter_dir,
-    target_dir,
-    stores,
-    steps,
-    batch_size,
-    max_len,
-    device,
-    out_json,
-    out_csv,
-    progress=False,
-) -> dict:
-    """Offline acceptance into a JSON summary and a per-position CSV table."""
-    from eyrie.evaluate.acceptance import evaluate_stores, load_drafter
-    from eyrie.evaluate.speculate import pick_device
-
-    dev = pick_device(device)
-    drafter, meta = load_drafter(drafter_dir, dev)
-    steps = int(steps or meta["train"]["settings"].get("ttt_steps") or 1)
-    m = evaluate_stores(
-        drafter,
-        meta["aux_layer_ids"],
-        target_dir,
-        [str(s) for s in stores],
-        steps=steps,
-        batch_size=batch_size,
-        max_len=max_len,
-        device=dev,
-        progress=progress,
-    )
-    record = {
-        **m.to_dict(),
-        "drafter": str(drafter_dir),
-        "stores": [str(s) for s in stores],
-        "target_greedy": "argmax of the target's lm_head over the stored final hidden states",
-        "definitions": {
-            "acc": "P(draft k right) over every row scored at step k (the training metric)",
-            "cond_acc": "P(draft k right | drafts 0..k-1 right), over full chains",
-            "chain": "P(drafts 0..k all right), over full chains",
-            "tau": "expected drafts accepted per verify step with `steps` drafts, no bonus",
-            "tau_with_bonus": "tau + 1: tokens emitted per verify step",
-        },
-    }
-    write_text(out_csv, m.table().to_csv(index=False))
-    write_json(out_json, record, default=str)
-    return record
-
-
-def run_speculate(
-    *,
-    target_dir,
-    drafter_dir,
-    prompts_jsonl,
-    prompts,
-    max_new_tokens,
-    draft_tokens,
-    device,
-    dtype,
-    out_json,
-    architecture=None,
-    warmup=1,
-) -> dict:
-    """The transformers loop: plain vs speculative greedy decoding, with the machine."""
-    from eyrie.evaluate import speculate as sp
-
-    dev = sp.pick_device(device)
-    target, runner, tokenizer, meta = sp.load_pair(
-        target_dir, drafter_dir, dev, dtype, architecture
-    )
-    try:
-        ps = sp.load_prompts(prompts_jsonl, tokenizer, prompts)
-        result = sp.compare(
-            target,
-            runner,
-            ps,
-            k=draft_tokens,
-            max_new_tokens=max_new_tokens,
-            eos=sp.eos_ids(tokenizer, target.model.config),
-            warmup=warmup,
-        )
-    finally:
-        target.close()
-    result.update(
-        {
-            "backend": "hf",
-            "device": str(dev),
-            "dtype": dtype,
-            "max_new_tokens": max_new_tokens,
-            "machine": sp.machine(),
-            "target": str(target_dir),
-            "drafter": str(drafter_dir),
-        }
-    )
-    if out_json:
-        write_json(out_json, result, default=str)
-    return result
-
-
-def run_online(
-    *,
-    backend,
-    target_dir,
-    draft_dir,
-    prompts_jsonl,
-    prompts,
-    max_new_tokens,
-    draft_tokens,
-    out_json,
-    log_dir,
-    launch_timeout=600.0,
-    server_args=None,
-    cuda_graph=True,
-    if_possible=False,
-) -> dict:
-    """SGLang with and without the exported drafter; with ``if_possible``, a 'not run' record
-    naming the reason where it cannot run (no GPU, another capture backend, no sglang)."""
-    from eyrie.evaluate import online as on
-
-    reason = on.why_not(backend)
-    if reason is not None:
-        if not if_possible:
-            raise on.OnlineError(f"the online SGLang measurement cannot run: {reason}")
-        record = on.not_run(reason)
-    else:
-        from eyrie.evaluate.speculate import load_prompts
-        from eyrie.target.load import load_tokenizer
-
-        ps = load_prompts(prompts_jsonl, load_tokenizer(target_dir), prompts)
-        t0 = time.time()
-        record = on.run_online(
-            target_dir,
-            draft_dir,
-            ps,
-            max_new_tokens=max_new_tokens,
-            draft_tokens=draft_tokens,
-            log_dir=log_dir,
-            launch_timeout=launch_timeout,
-            server_args=on.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),
-            cuda_graph=cuda_graph,
-        )
-        record["wall_seconds"] = time.time() - t0
-        from eyrie.evaluate.speculate import machine
-
-        record["machine"] = machine()
-    write_json(out_json, record, default=str)
-    return record
-
-
-def run_report(
-    *,
-    out_dir,
-    acceptance=None,
-    speculate=None,
-    online=None,
-    train_metrics=None,
-    validate=None,
-    figures=None,
-    baselines=None,
-) -> dict:
-    from eyrie.evaluate.report import build_report, read_inputs
-
-    inp = read_inputs(acceptance, speculate, online, train_metrics, validate, baselines)
-    return build_report(inp, out_dir, figures)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,16 +86,7 @@ def run(args) -> int:
 
 def known_errors() -> tuple[type[Exception], ...]:
     """The failures with a plain message (shown as is); anything else is a bug to trace."""
-    from eyrie.common.config import ConfigError
-    from eyrie.evaluate.acceptance import AcceptanceError
-    from eyrie.evaluate.online import OnlineError
-    from eyrie.evaluate.speculate import SpeculateError
-    from eyrie.store.shard import StoreError
-    from eyrie.target.load import TargetError
-    from eyrie.train.model import DrafterError
-
-    return (AcceptanceError, ConfigError, DrafterError, OnlineError, SpeculateError, StoreError,
-            TargetError, FileNotFoundError)  # fmt: skip
+    return (EyrieError, FileNotFoundError)
 
 
 def _threads(args) -> None:
@@ -272,18 +97,19 @@ def _threads(args) -> None:
 
 
 def _stores(cfg: dict, split: str) -> list[Path]:
-    root = Path(cfg["results"]) / "store" / split
-    return [root / f"shard-{i:03d}.zarr" for i in range(cfg["extract"]["shards"])]
+    """The split's configured stores (extract.shards of them), whether they exist yet or not."""
+    layout = Layout.of(cfg)
+    return [layout.store(split, i) for i in range(cfg["extract"]["shards"])]
 
 
 def _evaluate(args, cfg) -> int:
     from eyrie.target.load import configured_dir
 
     _threads(args)
-    ev, results = cfg["evaluate"], Path(cfg["results"])
-    out = Path(args.out or results / "evaluate")
+    ev, layout = cfg["evaluate"], Layout.of(cfg)
+    out = Path(args.out or layout.evaluate_dir())
     rec = run_evaluate(
-        drafter_dir=args.drafter or results / "train" / "drafter",
+        drafter_dir=args.drafter or layout.drafter(),
         target_dir=args.target or configured_dir(cfg),
         stores=args.stores or _stores(cfg, "heldout"),
         steps=args.steps or ev["steps"] or cfg["train"]["ttt_steps"],
@@ -304,19 +130,19 @@ def _speculate(args, cfg) -> int:
     from eyrie.target.load import configured_dir
 
     _threads(args)
-    ev, results = cfg["evaluate"], Path(cfg["results"])
+    ev, layout = cfg["evaluate"], Layout.of(cfg)
     common = dict(
         target_dir=args.target or configured_dir(cfg),
-        prompts_jsonl=args.prompts_jsonl or results / "data" / "heldout.jsonl",
+        prompts_jsonl=args.prompts_jsonl or layout.dataset("heldout"),
         prompts=args.prompts or ev["prompts"],
         max_new_tokens=args.max_new_tokens or ev["max_new_tokens"],
         draft_tokens=args.draft_tokens or ev["draft_tokens"],
     )
     if args.backend == "sglang":
-        out = Path(args.out or results / "evaluate" / "online_sglang.json")
+        out = Path(args.out or layout.evaluate_dir() / "online_sglang.json")
         rec = run_online(
             backend="sglang",
-            draft_dir=args.drafter or results / "export" / "sglang",
+            draft_dir=args.drafter or layout.export("sglang"),
             out_json=out,
             log_dir=out.parent / "sglang-logs",
             launch_timeout=ev["sglang"]["launch_timeout_s"],
@@ -325,9 +151,9 @@ def _speculate(args, cfg) -> int:
             **common,
         )
     else:
-        out = Path(args.out or results / "evaluate" / "speculate.json")
+        out = Path(args.out or layout.evaluate_dir() / "speculate.json")
         rec = run_speculate(
-            drafter_dir=args.drafter or results / "train" / "drafter",
+            drafter_dir=args.drafter or layout.drafter(),
             device=args.device or ev["device"],
             dtype=args.dtype or ev["dtype"],
             out_json=out,
@@ -343,15 +169,15 @@ def _speculate(args, cfg) -> int:
 
 
 def _report(args, cfg) -> int:
-    results = Path(cfg["results"])
-    ev = results / "evaluate"
+    layout = Layout.of(cfg)
+    ev = layout.evaluate_dir()
     written = run_report(
-        out_dir=args.out or results / "report",
+        out_dir=args.out or layout.report_dir(),
         acceptance=ev / "acceptance.json",
         speculate=ev / "speculate.json",
         online=ev / "online_sglang.json",
-        train_metrics=results / "train" / "metrics.csv",
-        validate=results / "validate" / "summary.csv",
+        train_metrics=layout.train_dir() / "metrics.csv",
+        validate=layout.validate_dir() / "summary.csv",
         baselines=ev / "baselines.json",
     )
     print(Path(written["summary"]).read_text().splitlines()[0])

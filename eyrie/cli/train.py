@@ -3,7 +3,8 @@
 One module serves the four subcommands; which one is read from the parser's program name
 (``eyrie NAME``), as eyrie/cli/main.py builds it. Paths default to the config's layout:
 {results}/store/SPLIT/shard-NNN.zarr, {results}/draft_vocab/, {results}/train/,
-{results}/export/ENGINE. ``torchrun --nproc_per_node N -m eyrie.cli.main train ...`` trains with DDP.
+{results}/export/ENGINE (eyrie.common.layout). ``torchrun --nproc_per_node N -m eyrie.cli.main
+train ...`` trains with DDP.
 """
 
 from __future__ import annotations
@@ -14,12 +15,22 @@ import os
 import sys
 from pathlib import Path
 
+from eyrie.common.errors import EyrieError
+from eyrie.common.hf_config import text_config
+from eyrie.common.layout import Layout
+
 COMMANDS = ("draft-vocab", "train", "export", "check-export")
 
 
 def _store_paths(cfg: dict, split: str) -> list[Path]:
-    root = Path(cfg["results"]) / "store" / split
-    return [root / f"shard-{i:03d}.zarr" for i in range(cfg["extract"]["shards"])]
+    """The split's configured stores (extract.shards of them), whether they exist yet or not."""
+    layout = Layout.of(cfg)
+    return [layout.store(split, i) for i in range(cfg["extract"]["shards"])]
+
+
+def _target_text(target) -> dict:
+    """The language model's keys of a target folder's config.json."""
+    return text_config(json.loads((Path(target) / "config.json").read_text()))
 
 
 def add_arguments(parser) -> None:
@@ -86,29 +97,9 @@ def run(args) -> int:
 
         cfg = load(args.config)
         return {"draft-vocab": _vocab, "train": _train, "export": _export}[cmd](args, cfg)
-    except Exception as exc:  # every expected failure type carries a message naming the fix
-        from eyrie.common.config import ConfigError
-        from eyrie.export.check import ExportError
-        from eyrie.store.shard import StoreError
-        from eyrie.target.load import TargetError
-        from eyrie.train.model import DrafterError
-        from eyrie.train.trainer import TrainError
-        from eyrie.train.vocab import VocabError
-
-        known = (
-            ConfigError,
-            VocabError,
-            DrafterError,
-            ExportError,
-            StoreError,
-            TargetError,
-            TrainError,
-            FileNotFoundError,
-        )
-        if isinstance(exc, known):
-            print(f"eyrie {cmd}: {exc}", file=sys.stderr)
-            return 1
-        raise
+    except (EyrieError, FileNotFoundError) as exc:  # each names the input and the fix
+        print(f"eyrie {cmd}: {exc}", file=sys.stderr)
+        return 1
 
 
 def _vocab(args, cfg) -> int:
@@ -117,13 +108,11 @@ def _vocab(args, cfg) -> int:
 
     target = Path(args.target or configured_dir(cfg))
     stores = args.stores or _store_paths(cfg, "train")
-    text = json.loads((target / "config.json").read_text())
-    text = text.get("text_config", text)
-    vocab_size = int(text["vocab_size"])
+    vocab_size = int(_target_text(target)["vocab_size"])
     size = min(int(args.size or cfg["draft_vocab"]["size"]), vocab_size)
     counts = draft_vocab.count_tokens(stores, vocab_size)
     vocab = draft_vocab.build(counts, size)
-    out = Path(args.out or Path(cfg["results"]) / "draft_vocab" / "vocab.safetensors")
+    out = Path(args.out or Layout.of(cfg).vocab())
     summary = draft_vocab.save(
         vocab, out, {"stores": [str(s) for s in stores], "target": str(target)}
     )
@@ -142,8 +131,8 @@ def _train(args, cfg) -> int:
     settings = dict(cfg["train"])
     if args.max_steps:
         settings["max_steps"] = args.max_steps
-    results = Path(cfg["results"])
-    out = Path(args.out or results / "train")
+    layout = Layout.of(cfg)
+    out = Path(args.out or layout.train_dir())
     heldout = (
         args.heldout_stores if args.heldout_stores is not None else _store_paths(cfg, "heldout")
     )
@@ -151,7 +140,7 @@ def _train(args, cfg) -> int:
         train_stores=args.train_stores or _store_paths(cfg, "train"),
         heldout_stores=heldout,
         target_dir=args.target or configured_dir(cfg),
-        vocab_path=args.vocab or results / "draft_vocab" / "vocab.safetensors",
+        vocab_path=args.vocab or layout.vocab(),
         out_dir=out,
         work_dir=args.work,
         settings=settings,
@@ -172,17 +161,18 @@ def _export(args, cfg) -> int:
     from eyrie.target.load import configured_dir
     from eyrie.train.vocab import load as load_vocab
 
-    results = Path(cfg["results"])
-    drafter = Path(args.drafter or results / "train" / "drafter")
-    vocab = Path(args.vocab or results / "draft_vocab" / "vocab.safetensors")
+    layout = Layout.of(cfg)
+    drafter = Path(args.drafter or layout.drafter())
+    vocab = Path(args.vocab or layout.vocab())
     tokens = load_vocab(vocab).draft_tokens if vocab.is_file() else None
     ex = cfg["export"]
-    out_root = Path(args.out or results / "export")
+    out_root = Path(args.out) if args.out else None
     records = {}
     for engine in args.engine or ex["engines"]:
+        out = out_root / engine if out_root else layout.export(engine)
         records[engine] = export(
             drafter,
-            out_root / engine,
+            out,
             engine,
             sglang_rule=ex["sglang_layer_id_rule"],
             dtype=ex["dtype"],
@@ -192,7 +182,7 @@ def _export(args, cfg) -> int:
             verifier=ex["verifier_name"],
         )
         ids = records[engine]["config_layer_ids"]
-        print(f"{out_root / engine}: {engine} export checked; config layer ids {ids}")
+        print(f"{out}: {engine} export checked; config layer ids {ids}")
     if args.report:
         write_json(args.report, {"ok": True, "exports": records})
     return 0
@@ -200,7 +190,7 @@ def _export(args, cfg) -> int:
 
 def _check(args) -> int:
     from eyrie.export.check import EXPORT_META, Expectation, check_export
-    from eyrie.export.drafter import read_drafter
+    from eyrie.train.saved import read_drafter
 
     folder = Path(args.folder)
     meta = (
@@ -213,8 +203,7 @@ def _check(args) -> int:
     ids = ids or meta.get("trained_aux_layer_ids")
     embed = None
     if args.target:
-        text = json.loads((Path(args.target) / "config.json").read_text())
-        text = text.get("text_config", text)
+        text = _target_text(args.target)
         if args.engine == "vllm":  # the shipped embedding must be this target's
             from eyrie.export.drafter import target_embedding
 
@@ -231,12 +220,10 @@ def _check(args) -> int:
     rule = args.sglang_rule or meta.get("sglang_layer_id_rule") or "plus_one"
     problems = check_export(
         folder,
-        Expectation(
-            engine=args.engine,
-            aux_layer_ids=list(ids),
-            target_num_layers=int(text["num_hidden_layers"]),
-            target_hidden_size=int(text["hidden_size"]),
-            target_vocab_size=int(text["vocab_size"]),
+        Expectation.of_target(
+            args.engine,
+            ids,
+            text,
             sglang_rule=rule,
             reference=reference,
             target_embedding=embed,

@@ -27,7 +27,6 @@ follows the target's greedy path. eyrie.evaluate.speculate measures the real loo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,23 +190,17 @@ def metrics(c: AcceptanceCounts) -> AcceptanceMetrics:
 
 def load_drafter(folder, device="cpu"):
     """(Drafter in eval mode, drafter.json) from a folder written by eyrie train."""
-    from safetensors.torch import load_file
+    from eyrie.train.model import Drafter, DrafterConfig, DrafterError
+    from eyrie.train.saved import read_drafter
 
-    from eyrie.train.model import Drafter, DrafterConfig
-
-    folder = Path(folder)
-    meta_path, weights = folder / "drafter.json", folder / "model.safetensors"
-    if not meta_path.is_file() or not weights.is_file():
-        raise AcceptanceError(
-            f"{folder} is not a trained drafter (needs drafter.json and model.safetensors); "
-            "run the train stage (`eyrie train`) first"
-        )
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != "eyrie-drafter" or meta.get("layer_convention") != "output":
-        raise AcceptanceError(f"{meta_path} is not an Eyrie drafter description; retrain it")
+    try:
+        meta, state = read_drafter(folder)
+    except DrafterError as exc:
+        raise AcceptanceError(str(exc)) from None
+    weights, meta_path = Path(folder) / "model.safetensors", Path(folder) / "drafter.json"
     model = Drafter(DrafterConfig.from_dict(meta["config"]))
     try:
-        model.load_state_dict(load_file(str(weights)))
+        model.load_state_dict(state)
     except RuntimeError as exc:
         raise AcceptanceError(
             f"{weights} does not fit the shape in {meta_path} ({exc}); the folder mixes two "
@@ -242,8 +235,8 @@ def evaluate_stores(
     from tqdm import tqdm
 
     from eyrie.store.shard import ShardDataset, ShardReader
+    from eyrie.train.data import Pad
     from eyrie.train.model import read_target_tensors
-    from eyrie.train.trainer import Pad
 
     if steps < 1:
         raise AcceptanceError(f"evaluate.steps must be at least 1, got {steps}")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from eyrie.common.atomic import atomic_path, write_text
 
 FIGURES = ("acceptance", "tau", "training", "extraction", "speed")
 
@@ -139,12 +139,11 @@ def _plt():
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")
+    """Write the figure atomically, in the format its name asks for (.png by default)."""
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", format=path.suffix[1:] or "png")
     finally:
-        tmp.unlink(missing_ok=True)
         _plt().close(fig)
 
 
@@ -154,13 +153,19 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def fig_acceptance(inp: Inputs, path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+def _acceptance_figure(inp: Inputs, figsize, key: str):
+    """(fig, ax, inp.acceptance), or with None for it when it lacks ``key`` (the axes say so)."""
+    fig, ax = _plt().subplots(figsize=figsize)
     a = inp.acceptance
-    if not a or not a.get("acc"):
+    if not a or not a.get(key):
         _empty(ax, "offline acceptance not measured")
-    else:
+        return fig, ax, None
+    return fig, ax, a
+
+
+def fig_acceptance(inp: Inputs, path: Path) -> None:
+    fig, ax, a = _acceptance_figure(inp, (7.5, 4.2), "acc")
+    if a is not None:
         K = len(a["acc"])
         x = list(range(K))
         w = 0.27
@@ -184,12 +189,8 @@ def fig_acceptance(inp: Inputs, path: Path) -> None:
 
 
 def fig_tau(inp: Inputs, path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    a = inp.acceptance
-    if not a or not a.get("tau_by_draft_tokens"):
-        _empty(ax, "offline acceptance not measured")
-    else:
+    fig, ax, a = _acceptance_figure(inp, (7, 4.2), "tau_by_draft_tokens")
+    if a is not None:
         taus = a["tau_by_draft_tokens"]
         ks = list(range(1, len(taus) + 1))
         ax.plot(ks, [t + 1 for t in taus], "o-", label="τ + 1: tokens per verify step (offline)")
@@ -449,10 +450,5 @@ def build_report(inp: Inputs, out_dir, figures: dict[str, Path] | None = None) -
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         draw[name](inp, Path(path))
     summary = out_dir / "summary.md"
-    tmp = summary.with_name(f".summary.{uuid.uuid4().hex}.md")
-    try:
-        tmp.write_text(summary_markdown(inp, figures))
-        os.replace(tmp, summary)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text(summary, summary_markdown(inp, figures))
     return {"summary": summary, **figures}

@@ -23,11 +23,8 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
-import platform
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -244,14 +241,19 @@ def _finish(tokens: list[int], max_new: int, eos: set[int]) -> tuple[list[int], 
     return tokens[:max_new], len(tokens) >= max_new
 
 
-def greedy_generate(target: Target, prompt: list[int], max_new_tokens: int, eos=()) -> Generation:
-    """Plain greedy decoding, one target pass per token over the same KV cache code path."""
-    eos = set(eos)
+def _prefill(target: Target, prompt: list[int]):
+    """Start the clock and run the prompt into a new cache: (t0, cache, [first token], aux)."""
     _sync(target.device)
     t0 = time.perf_counter()
     cache = target.new_cache()
-    logits, _ = target.forward(prompt, cache)
-    out = [int(logits[-1].argmax())]
+    logits, aux = target.forward(prompt, cache)
+    return t0, cache, [int(logits[-1].argmax())], aux
+
+
+def greedy_generate(target: Target, prompt: list[int], max_new_tokens: int, eos=()) -> Generation:
+    """Plain greedy decoding, one target pass per token over the same KV cache code path."""
+    eos = set(eos)
+    t0, cache, out, _ = _prefill(target, prompt)
     out, done = _finish(out, max_new_tokens, eos)
     while not done:
         logits, _ = target.forward([out[-1]], cache)
@@ -269,11 +271,7 @@ def speculative_generate(
     if not prompt:
         raise SpeculateError("an empty prompt cannot be decoded")
     eos = set(eos)
-    _sync(target.device)
-    t0 = time.perf_counter()
-    cache = target.new_cache()
-    logits, aux = target.forward(prompt, cache)
-    out = [int(logits[-1].argmax())]
+    t0, cache, out, aux = _prefill(target, prompt)
     drafter.reset()
     drafter.extend(aux, prompt[1:] + out, 0)
     accepted: list[int] = []
@@ -297,16 +295,6 @@ def speculative_generate(
 
 # ---------------------------------------------------------------------------------------------
 # loading, prompts, the comparison
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise SpeculateError("evaluate.device is 'cuda' but torch sees no CUDA device")
-        return torch.device("cuda")
-    if name not in ("auto", "cpu"):
-        raise SpeculateError(f"evaluate.device {name!r} is not one of auto, cpu, cuda")
-    return torch.device("cpu")
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -369,33 +357,6 @@ def eos_ids(tokenizer, model_config) -> list[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return sorted({int(i) for i in ids if i is not None})
-
-
-def machine() -> dict:
-    """What the timings ran on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "cpu": cpu,
-        "cpu_cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover - a dependency
-        pass
-    return info
 
 
 def compare(

@@ -180,6 +180,18 @@ class Expectation:
     reference: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     target_embedding: torch.Tensor | None = field(default=None, repr=False)  # the target's own
 
+    @classmethod
+    def of_target(cls, engine: str, aux_layer_ids, target: dict, **more) -> Expectation:
+        """From the target's sizes: its config.json's text_config, or an export's record."""
+        return cls(
+            engine=engine,
+            aux_layer_ids=list(aux_layer_ids),
+            target_num_layers=int(target["num_hidden_layers"]),
+            target_hidden_size=int(target["hidden_size"]),
+            target_vocab_size=int(target["vocab_size"]),
+            **more,
+        )
+
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's safetensors files (a drafter is small)."""

@@ -23,13 +23,13 @@ eyrie.export.check against the trained weights, and only then renamed into place
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import uuid
 from pathlib import Path
 
 import torch
 
+from eyrie.common import atomic
 from eyrie.export.check import (
     EXPORT_META,
     FLOAT_DTYPES,
@@ -40,23 +40,8 @@ from eyrie.export.check import (
     config_layer_ids,
     require_ok,
 )
-
-
-def read_drafter(drafter_dir) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(drafter.json, state dict) of a trained drafter folder written by eyrie train."""
-    from safetensors.torch import load_file
-
-    drafter_dir = Path(drafter_dir)
-    meta_path, weights = drafter_dir / "drafter.json", drafter_dir / "model.safetensors"
-    if not meta_path.is_file() or not weights.is_file():
-        raise ExportError(
-            f"{drafter_dir} is not a trained drafter (needs drafter.json and model.safetensors); "
-            "run `eyrie train` first"
-        )
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != "eyrie-drafter" or meta.get("layer_convention") != "output":
-        raise ExportError(f"{meta_path} is not an Eyrie drafter description (format/convention)")
-    return meta, load_file(str(weights))
+from eyrie.train.model import DrafterError
+from eyrie.train.saved import read_drafter
 
 
 def layer_config(meta: dict, dtype: str) -> dict:
@@ -168,17 +153,6 @@ def engine_weights(
     return out
 
 
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Rename a finished folder into place, replacing an older one."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.{uuid.uuid4().hex}.old")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def export(
     drafter_dir,
     out_dir,
@@ -199,7 +173,10 @@ def export(
 
     if dtype not in FLOAT_DTYPES:
         raise ExportError(f"export.dtype {dtype!r} is not one of {sorted(FLOAT_DTYPES)}")
-    meta, state = read_drafter(drafter_dir)
+    try:
+        meta, state = read_drafter(drafter_dir)
+    except DrafterError as exc:
+        raise ExportError(str(exc)) from None
     trained, target = list(meta["aux_layer_ids"]), meta["target"]
     target_dir = Path(target_dir if target_dir is not None else target["path"])
     name = verifier_name(target_dir, verifier)
@@ -234,19 +211,17 @@ def export(
         (tmp / EXPORT_META).write_text(json.dumps(record, indent=2) + "\n")
         require_ok(
             tmp,
-            Expectation(
-                engine=engine,
-                aux_layer_ids=trained,
-                target_num_layers=int(target["num_hidden_layers"]),
-                target_hidden_size=int(target["hidden_size"]),
-                target_vocab_size=int(target["vocab_size"]),
+            Expectation.of_target(
+                engine,
+                trained,
+                target,
                 sglang_rule=sglang_rule,
                 draft_tokens=draft_tokens,
                 reference=state,
                 target_embedding=embed,
             ),
         )
-        publish_dir(tmp, out_dir)
+        atomic.replace_folder(tmp, out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Codecs and precision of the shard store's hidden states (docs/store-format.md).
 
-Two things live here, apart from the writer and reader in eyrie/store/shard.py:
+Two things live here, apart from the writer and reader (eyrie/store/writer.py, reader.py):
 
 - The arrays' codec pipelines (``create_arrays``): Blosc zstd with byte shuffle and 1 MiB
   blocks, then crc32c. ``benchmarks/bench_codecs.py`` compares the alternatives on real

@@ -6,14 +6,11 @@ bfloat16), for each aux layer and the final state. A layer passes when its mean 
 cosine reaches `min_cosine`; the worst token and the share of tokens below the bar are reported
 too, since two engines legitimately differ a little (other kernels, bf16 rounding, and on MoE
 targets the odd token whose expert choice flips on a near tie).
+
+The command line is `eyrie compare-stores` (eyrie/cli/store.py).
 """
 
 from __future__ import annotations
-
-import argparse
-import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -115,35 +112,3 @@ def render(report: dict) -> str:
         f"{'PASS' if report['ok'] else 'FAIL'} (bar: mean cosine >= {report['min_cosine']})"
     )
     return "\n".join(lines)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--a", nargs="+", required=True, help="shard stores of one extraction")
-    p.add_argument("--b", nargs="+", required=True, help="shard stores of the other")
-    p.add_argument("--min-cosine", type=float, default=0.999)
-    p.add_argument("--json", dest="json_path", help="write the report here")
-
-
-def run(args) -> int:
-    from eyrie.store.shard import StoreError
-
-    try:
-        report = compare(args.a, args.b, min_cosine=args.min_cosine)
-    except (StoreError, ValueError) as exc:
-        print(f"eyrie compare-stores: {exc}", file=sys.stderr)
-        return 2
-    print(render(report))
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(report, indent=1) + "\n")
-    return 0 if report["ok"] else 1
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eyrie.store.compare", description=__doc__)
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,6 +16,8 @@ import socket
 import time
 from pathlib import Path
 
+from eyrie.store.format import StoreError
+
 try:  # POSIX only
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX
@@ -41,8 +43,6 @@ class StoreLock:
 
     def acquire(self) -> StoreLock:
         """Take the lock, or raise StoreError naming the store and the process that holds it."""
-        from eyrie.store.shard import StoreError
-
         if fcntl is None or self._fd is not None:
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -92,3 +92,11 @@ def weighted_loss(ce: torch.Tensor, counts: torch.Tensor, step_weight: float, wo
     w = step_weight ** torch.arange(len(ce), dtype=torch.float64, device=counts.device)
     scale = (w / counts.clamp(min=1.0) * world).to(ce.dtype)
     return (ce * scale.to(ce.device)).sum()
+
+
+def forward_batch(model, head, batch: dict, steps: int, dtype, d2t, loss="soft"):
+    """The per-step terms of one batch (ttt_terms): target head, then the drafter's unroll."""
+    probs, greedy = head.targets(batch["final_hidden"])
+    with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None):
+        logits = model(batch["aux_hidden"], batch["input_ids"], head.embed, steps)
+    return ttt_terms(logits, probs, greedy, batch["loss_mask"], d2t, loss)

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyrie.common.errors import EyrieError
+from eyrie.common.hf_config import text_config
 
 
 class DrafterError(EyrieError, ValueError):
@@ -99,7 +100,7 @@ class DrafterConfig:
         target's when it uses plain multi-head attention; for latent attention (MLA) targets,
         whose head_dim means something else, heads of hidden/num_heads are used.
         """
-        t = target.get("text_config", target)
+        t = text_config(target)
         hidden = int(t["hidden_size"])
         heads = int(t["num_attention_heads"])
         mla = "kv_lora_rank" in t
@@ -395,7 +396,7 @@ def read_target_tensors(folder: str | Path) -> tuple[torch.Tensor, torch.Tensor,
     if not cfg_path.is_file():
         raise DrafterError(f"target.path: {folder} has no config.json; point it at a model folder")
     config = json.loads(cfg_path.read_text())
-    text = config.get("text_config", config)
+    text = text_config(config)
     index = _weight_index(folder)
     embed_name = _pick(index, EMBED_NAMES, "embed_tokens.weight")
     if embed_name is None:

@@ -13,15 +13,13 @@ target id makes d2t non-decreasing and non-negative.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from eyrie.common.atomic import write_json
+from eyrie.common.atomic import atomic_path, write_json
 from eyrie.common.errors import EyrieError
 
 READ_TOKENS = 1 << 20  # tokens read per slice when counting
@@ -151,12 +149,8 @@ def save(vocab: DraftVocab, path: str | Path, meta: dict) -> dict:
         "t2d": vocab.t2d,
         "counts": vocab.counts,
     }
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"eyrie": json.dumps(summary)})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     write_json(path.with_suffix(".json"), summary)
     return summary
 

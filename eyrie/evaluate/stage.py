@@ -1,0 +1,174 @@
+"""The evaluation stage's steps, as the workflow's rules and the `eyrie` subcommands run them.
+
+Each ``run_*`` takes plain paths and settings, runs one measurement and writes its record:
+
+- run_evaluate: offline acceptance on the held-out stores (eyrie/evaluate/acceptance.py);
+- run_speculate: plain vs speculative greedy decoding in-process (eyrie/evaluate/speculate.py);
+- run_online: SGLang's own measurement with and without the drafter (eyrie/evaluate/online.py);
+- run_report: figures and summary.md from the records (eyrie/evaluate/report.py).
+
+The Snakemake adapters in scripts/ and eyrie/cli/evaluate.py call these, so a rule and a
+subcommand give the same record.
+"""
+
+from __future__ import annotations
+
+import time
+
+from eyrie.common.atomic import write_json, write_text
+from eyrie.common.device import pick_device
+from eyrie.common.provenance import machine
+
+
+def run_evaluate(
+    *,
+    drafter_dir,
+    target_dir,
+    stores,
+    steps,
+    batch_size,
+    max_len,
+    device,
+    out_json,
+    out_csv,
+    progress=False,
+) -> dict:
+    """Offline acceptance into a JSON summary and a per-position CSV table."""
+    from eyrie.evaluate.acceptance import evaluate_stores, load_drafter
+
+    dev = pick_device(device, "evaluate.device")
+    drafter, meta = load_drafter(drafter_dir, dev)
+    steps = int(steps or meta["train"]["settings"].get("ttt_steps") or 1)
+    m = evaluate_stores(
+        drafter,
+        meta["aux_layer_ids"],
+        target_dir,
+        [str(s) for s in stores],
+        steps=steps,
+        batch_size=batch_size,
+        max_len=max_len,
+        device=dev,
+        progress=progress,
+    )
+    record = {
+        **m.to_dict(),
+        "drafter": str(drafter_dir),
+        "stores": [str(s) for s in stores],
+        "target_greedy": "argmax of the target's lm_head over the stored final hidden states",
+        "definitions": {
+            "acc": "P(draft k right) over every row scored at step k (the training metric)",
+            "cond_acc": "P(draft k right | drafts 0..k-1 right), over full chains",
+            "chain": "P(drafts 0..k all right), over full chains",
+            "tau": "expected drafts accepted per verify step with `steps` drafts, no bonus",
+            "tau_with_bonus": "tau + 1: tokens emitted per verify step",
+        },
+    }
+    write_text(out_csv, m.table().to_csv(index=False))
+    write_json(out_json, record, default=str)
+    return record
+
+
+def run_speculate(
+    *,
+    target_dir,
+    drafter_dir,
+    prompts_jsonl,
+    prompts,
+    max_new_tokens,
+    draft_tokens,
+    device,
+    dtype,
+    out_json,
+    architecture=None,
+    warmup=1,
+) -> dict:
+    """The transformers loop: plain vs speculative greedy decoding, with the machine."""
+    from eyrie.evaluate import speculate as sp
+
+    dev = pick_device(device, "evaluate.device")
+    target, runner, tokenizer, meta = sp.load_pair(
+        target_dir, drafter_dir, dev, dtype, architecture
+    )
+    try:
+        ps = sp.load_prompts(prompts_jsonl, tokenizer, prompts)
+        result = sp.compare(
+            target,
+            runner,
+            ps,
+            k=draft_tokens,
+            max_new_tokens=max_new_tokens,
+            eos=sp.eos_ids(tokenizer, target.model.config),
+            warmup=warmup,
+        )
+    finally:
+        target.close()
+    result.update(
+        {
+            "backend": "hf",
+            "device": str(dev),
+            "dtype": dtype,
+            "max_new_tokens": max_new_tokens,
+            "machine": machine(),
+            "target": str(target_dir),
+            "drafter": str(drafter_dir),
+        }
+    )
+    if out_json:
+        write_json(out_json, result, default=str)
+    return result
+
+
+def run_online(
+    *,
+    backend,
+    target_dir,
+    draft_dir,
+    prompts_jsonl,
+    prompts,
+    max_new_tokens,
+    draft_tokens,
+    out_json,
+    log_dir,
+    launch_timeout=600.0,
+    server_args=None,
+    cuda_graph=True,
+    if_possible=False,
+) -> dict:
+    """SGLang with and without the exported drafter; with ``if_possible``, a 'not run' record
+    naming the reason where it cannot run (no GPU, another capture backend, no sglang)."""
+    from eyrie.evaluate import online as on
+
+    reason = on.why_not(backend)
+    if reason is not None:
+        if not if_possible:
+            raise on.OnlineError(f"the online SGLang measurement cannot run: {reason}")
+        record = on.not_run(reason)
+    else:
+        from eyrie.evaluate.speculate import load_prompts
+        from eyrie.target.load import load_tokenizer
+
+        ps = load_prompts(prompts_jsonl, load_tokenizer(target_dir), prompts)
+        t0 = time.time()
+        record = on.run_online(
+            target_dir,
+            draft_dir,
+            ps,
+            max_new_tokens=max_new_tokens,
+            draft_tokens=draft_tokens,
+            log_dir=log_dir,
+            launch_timeout=launch_timeout,
+            server_args=on.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),
+            cuda_graph=cuda_graph,
+        )
+        record["wall_seconds"] = time.time() - t0
+        record["machine"] = machine()
+    write_json(out_json, record, default=str)
+    return record
+
+
+def run_report(*, out_dir, figures=None, **records) -> dict:
+    """Figures and summary.md (verdict first) from whichever records exist; ``records`` are
+    eyrie.evaluate.report.read_inputs's (acceptance, speculate, online, train_metrics, ...)."""
+    from eyrie.evaluate.report import build_report, read_inputs
+
+    return build_report(read_inputs(**records), out_dir, figures)

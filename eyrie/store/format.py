@@ -1,0 +1,197 @@
+"""The shard store's format in code: names, versions, bf16 bit patterns and durable writes.
+
+docs/store-format.md is the contract; this module holds the pieces of it that the writer
+(eyrie/store/writer.py) and the reader (eyrie/store/reader.py) share, so the two cannot drift:
+the array names, the commit record and its checks, and the fsync rules of the commit protocol.
+
+- Samples are ragged, so every per-token array shares one flat token axis and ``offsets``
+  (n + 1 int64) marks where each sample starts and ends.
+- Zarr has no bfloat16, so hidden states are stored as their raw 16-bit patterns (uint16);
+  ``bf16_bits`` and ``from_bf16_bits`` convert without touching a single bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zarr
+
+from eyrie.common.errors import EyrieError
+
+STORE_VERSION = 1
+COMMIT_RECORD = "commit.json"
+TOKEN_ARRAYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden")
+SAMPLE_ARRAYS = ("offsets", "sample_id")
+ALL_ARRAYS = TOKEN_ARRAYS + SAMPLE_ARRAYS
+OUR_TMP = ".eyrie-tmp"  # suffix of the store's own temp files (resume deletes them)
+ZARR_TMP = re.compile(r"\.[0-9a-f]{32}\.partial$")  # zarr's LocalStore temp names
+
+
+class StoreError(EyrieError, RuntimeError):
+    """A store that cannot be written or read as asked; the message names the store and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16 <-> uint16 bit patterns
+
+
+def bf16_bits(t: torch.Tensor) -> np.ndarray:
+    """The raw 16-bit patterns of a bfloat16 tensor as uint16 (floats are cast to bf16 first).
+
+    The result shares memory with ``t`` when ``t`` is already a contiguous CPU bf16 tensor.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"bf16_bits takes a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.bfloat16:
+        if not t.is_floating_point():
+            raise TypeError(f"bf16_bits takes a floating-point tensor, got {t.dtype}")
+        t = t.to(torch.bfloat16)
+    return t.detach().cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def from_bf16_bits(a: np.ndarray) -> torch.Tensor:
+    """A bfloat16 tensor from uint16 bit patterns, bit for bit (the inverse of bf16_bits)."""
+    a = np.asarray(a)
+    if a.dtype != np.uint16:
+        raise TypeError(f"from_bf16_bits takes a uint16 array, got {a.dtype}")
+    if not (a.flags.c_contiguous and a.flags.writeable):
+        a = np.ascontiguousarray(a).copy()
+    return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+
+
+def json_normal(obj: Any, what: str, path: Path) -> Any:
+    """obj as it reads back from JSON (tuples become lists); StoreError if it is not JSON."""
+    try:
+        return json.loads(json.dumps(obj, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(
+            f"{path}: {what} must be plain JSON (dicts, lists, str, int, float, bool, None): "
+            f"{exc}. Convert the offending values to strings before passing them."
+        ) from None
+
+
+def ids_digest(ids: Sequence[str]) -> str:
+    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
+
+
+def read_json(p: Path) -> dict:
+    with open(p, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json_durable(p: Path, obj: dict) -> None:
+    """Write to a temp name in the same folder, fsync it, os.replace, fsync the folder.
+
+    Like eyrie.common.atomic.write_json, but the temp name ends in ``.eyrie-tmp``: the store
+    format names that suffix as the one a resuming writer deletes (docs/store-format.md), and
+    the JSON has no trailing newline, so the commit record stays byte for byte as it was.
+    """
+    tmp = p.with_name(f"{p.name}.{uuid.uuid4().hex}{OUR_TMP}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        fsync(p.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def root_attrs(path: Path) -> dict | None:
+    """The group attributes of an Eyrie store at path, or None if path holds no Zarr group."""
+    meta = path / "zarr.json"
+    if not meta.is_file():
+        return None
+    try:
+        doc = read_json(meta)
+    except (OSError, ValueError) as exc:
+        raise StoreError(
+            f"{path}: zarr.json is unreadable ({exc}); delete {path} and rerun"
+        ) from None
+    return doc.get("attributes", {}) if doc.get("node_type") == "group" else None
+
+
+def check_version(path: Path, attrs: dict) -> None:
+    version = attrs.get("eyrie_store_version")
+    if version is None:
+        raise StoreError(
+            f"{path} is a Zarr group but not an Eyrie shard store (no eyrie_store_version "
+            "attribute); point to a store written by eyrie extract, or choose another path"
+        )
+    if version != STORE_VERSION:
+        raise StoreError(
+            f"{path} has eyrie_store_version {version!r}; this Eyrie reads version "
+            f"{STORE_VERSION}. Re-extract the shard, or use the Eyrie release that wrote it"
+        )
+
+
+def read_commit(path: Path) -> dict:
+    p = path / COMMIT_RECORD
+    try:
+        rec = read_json(p)
+        n, t = int(rec["num_samples"]), int(rec["num_tokens"])
+        str(rec["sample_ids_sha256"])
+    except FileNotFoundError:
+        raise StoreError(
+            f"{path}: no {COMMIT_RECORD}; the store was not written by Eyrie or was damaged. "
+            f"Delete {path} and re-extract the shard"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StoreError(
+            f"{path}: {COMMIT_RECORD} is unreadable ({exc!r}); delete {path} and re-extract"
+        ) from None
+    if n < 0 or t < 0:
+        raise StoreError(f"{path}: {COMMIT_RECORD} has negative counts; delete {path}")
+    return rec
+
+
+def local_store(path: Path, read_only: bool) -> zarr.storage.LocalStore:
+    return zarr.storage.LocalStore(str(path), read_only=read_only)
+
+
+def expected_chunk_files(arr: zarr.Array, length: int, start: int = 0) -> list[str]:
+    """Relative paths of the chunk (or shard) files holding entries [start, length)."""
+    outer = arr.metadata.chunk_grid.chunk_shape[0]
+    tail = "/0" * (arr.ndim - 1)
+    return [f"c/{i}{tail}" for i in range(start // outer, -(-length // outer))]
+
+
+def fsync(path: Path) -> None:
+    """Flush a file or folder to stable storage (a folder: the names it holds)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on folders; nothing more can be done
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path, rel_files: list[str]) -> None:
+    """fsync each file, then every folder from its parent up to root (renames are durable)."""
+    folders = {root}
+    for rel in rel_files:
+        fsync(root / rel)
+        parent = (root / rel).parent
+        while parent != root and root in parent.parents:
+            folders.add(parent)
+            parent = parent.parent
+    for folder in sorted(folders, key=lambda f: -len(f.parts)):
+        fsync(folder)

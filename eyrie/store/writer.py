@@ -1,0 +1,424 @@
+"""Appending samples to one shard store, crash-safe (the commit protocol of docs/store-format.md).
+
+A writer may be killed at any instant. Data for new samples is written and fsynced first; only
+then is ``commit.json`` atomically replaced. A rerun shrinks every array back to the committed
+length, so a half-written sample is never visible and nothing is ever duplicated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+import zarr
+
+from eyrie.store.codecs import WRITE_CONFIG as _WRITE_CONFIG
+from eyrie.store.codecs import (
+    PrecisionError,
+    mantissa_bits,
+    precision_attrs,
+    round_bf16_bits,
+    stored_mantissa_bits,
+)
+from eyrie.store.codecs import create_arrays as _create_arrays
+from eyrie.store.format import (
+    ALL_ARRAYS,
+    COMMIT_RECORD,
+    OUR_TMP,
+    STORE_VERSION,
+    TOKEN_ARRAYS,
+    ZARR_TMP,
+    StoreError,
+    bf16_bits,
+    check_version,
+    expected_chunk_files,
+    fsync,
+    fsync_tree,
+    ids_digest,
+    json_normal,
+    local_store,
+    read_commit,
+    root_attrs,
+    write_json_durable,
+)
+from eyrie.store.lock import StoreLock
+
+
+class ShardWriter:
+    """Appends samples to one shard store; commit() makes them durable, finish() seals it.
+
+    Opening an existing store resumes from its last commit: anything written after it is
+    discarded. One writer per store at a time: the writer holds `eyrie.store.lock.StoreLock`
+    (a file lock beside the store, taken before the store is looked at), or is given one its
+    caller holds. ``num_samples``/``num_tokens`` count committed samples only.
+    """
+
+    def __init__(
+        self,
+        path,
+        *,
+        hidden_size: int,
+        aux_layer_ids: list[int],
+        provenance: dict,
+        chunk_tokens: int = 256,
+        shard_tokens: int = 16384,
+        lock: StoreLock | None = None,
+        precision: str = "lossless",
+    ):
+        self.path = Path(path)
+        self._closed = False
+        try:  # lossless, or bitround-N: N mantissa bits kept (eyrie/store/codecs.py)
+            self.mantissa_bits = mantissa_bits(precision)
+        except PrecisionError as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
+        self.precision = precision_attrs(precision)
+        self._check_params(hidden_size, aux_layer_ids, provenance, chunk_tokens, shard_tokens)
+        self.hidden_size = int(hidden_size)
+        self.aux_layer_ids = [int(i) for i in aux_layer_ids]
+        self.provenance = json_normal(provenance, "provenance", self.path)
+        if lock is not None and not (lock.held and lock.store == self.path):
+            raise StoreError(f"{self.path}: the lock given is not held for this store")
+        self._own_lock = lock is None
+        self._store_lock = lock if lock is not None else StoreLock(self.path).acquire()
+        self._buffer: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._buffered_ids: set[str] = set()
+        self._buffered_tokens = 0
+
+        try:
+            attrs = root_attrs(self.path) if self.path.is_dir() else None
+            if attrs is None:
+                if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+                    raise StoreError(
+                        f"{self.path} exists and is not an Eyrie shard store; remove it or "
+                        "choose another output path"
+                    )
+                self._create(chunk_tokens, shard_tokens)
+            self._remove_stale_creations()
+            self._open_and_resume()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def _check_params(self, hidden_size, aux_layer_ids, provenance, chunk_tokens, shard_tokens):
+        p = self.path
+
+        def pos_int(x):
+            return isinstance(x, int | np.integer) and not isinstance(x, bool) and x > 0
+
+        if not pos_int(hidden_size):
+            raise StoreError(f"{p}: hidden_size must be a positive int, got {hidden_size!r}")
+        ids = list(aux_layer_ids) if isinstance(aux_layer_ids, list | tuple) else None
+        if not ids or not all(isinstance(i, int | np.integer) and i >= 0 for i in ids):
+            raise StoreError(
+                f"{p}: aux_layer_ids must be a non-empty list of layer indices >= 0, "
+                f"got {aux_layer_ids!r}"
+            )
+        if len(set(ids)) != len(ids):
+            raise StoreError(f"{p}: aux_layer_ids {ids} repeats a layer; list each layer once")
+        if not isinstance(provenance, dict):
+            raise StoreError(f"{p}: provenance must be a dict, got {type(provenance).__name__}")
+        if not (pos_int(chunk_tokens) and pos_int(shard_tokens)):
+            raise StoreError(
+                f"{p}: chunk_tokens and shard_tokens must be positive ints, got "
+                f"{chunk_tokens!r} and {shard_tokens!r}"
+            )
+        if shard_tokens % chunk_tokens:
+            raise StoreError(
+                f"{p}: shard_tokens ({shard_tokens}) must be a multiple of chunk_tokens "
+                f"({chunk_tokens}); e.g. extract.shard_tokens: {chunk_tokens * 64}"
+            )
+
+    def _remove_stale_creations(self) -> None:
+        """Temp folders left by a writer killed while creating this store."""
+        parent = self.path.parent
+        if not parent.is_dir():
+            return
+        prefix = f".{self.path.name}.{OUR_TMP.lstrip('.')}-"
+        for p in parent.iterdir():
+            if p.name.startswith(prefix) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+    def _create(self, chunk_tokens: int, shard_tokens: int) -> None:
+        """Build the empty store under a temp name, then rename it into place (all or nothing)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.parent / f".{self.path.name}.{OUR_TMP.lstrip('.')}-{uuid.uuid4().hex}"
+        try:
+            group = zarr.open_group(local_store(tmp, False), mode="w-", zarr_format=3)
+            group.attrs.update(
+                {
+                    "eyrie_store_version": STORE_VERSION,
+                    "aux_layer_ids": self.aux_layer_ids,
+                    "layer_convention": "output",
+                    "dtype": "bfloat16",
+                    "hidden_size": self.hidden_size,
+                    "chunk_tokens": int(chunk_tokens),
+                    "shard_tokens": int(shard_tokens),
+                    "complete": False,
+                    "precision": self.precision,
+                    "provenance": self.provenance,
+                }
+            )
+            _create_arrays(
+                group, len(self.aux_layer_ids), self.hidden_size, chunk_tokens, shard_tokens
+            )
+            write_json_durable(
+                tmp / COMMIT_RECORD,
+                {
+                    "eyrie_store_version": STORE_VERSION,
+                    "num_samples": 0,
+                    "num_tokens": 0,
+                    "sample_ids_sha256": ids_digest([]),
+                },
+            )
+            fsync_tree(tmp, [str(f.relative_to(tmp)) for f in tmp.rglob("*") if f.is_file()])
+            try:
+                os.replace(tmp, self.path)  # also replaces an empty folder at self.path
+                fsync(self.path.parent)
+            except OSError:
+                if root_attrs(self.path) is None:  # not another writer's fresh store
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _open_and_resume(self) -> None:
+        p = self.path
+        attrs = root_attrs(p) or {}
+        check_version(p, attrs)
+        if attrs.get("hidden_size") != self.hidden_size:
+            raise StoreError(
+                f"{p} holds hidden_size {attrs.get('hidden_size')}, this writer has "
+                f"{self.hidden_size}; delete {p} to re-extract for the new target, or use the "
+                "target the store was started with"
+            )
+        if attrs.get("aux_layer_ids") != self.aux_layer_ids:
+            raise StoreError(
+                f"{p} holds aux_layer_ids {attrs.get('aux_layer_ids')}, this writer has "
+                f"{self.aux_layer_ids}; delete {p} to re-extract with the new layers"
+            )
+        if stored_mantissa_bits(attrs) != self.mantissa_bits:
+            raise StoreError(
+                f"{p} holds precision {attrs.get('precision', 'lossless')}, this writer "
+                f"{self.precision}; delete {p} to re-extract at the new precision"
+            )
+        old = attrs.get("provenance")
+        if old != self.provenance:
+            keys = sorted(
+                k
+                for k in set(old or {}) | set(self.provenance)
+                if (old or {}).get(k) != self.provenance.get(k)
+            )
+            raise StoreError(
+                f"{p} was started with different provenance (differing keys: {keys}); resuming "
+                f"would mix hidden states from two setups. Delete {p} to re-extract"
+            )
+        self.chunk_tokens = int(attrs.get("chunk_tokens", 0))
+        self.shard_tokens = int(attrs.get("shard_tokens", 0))
+        self.complete = bool(attrs.get("complete", False))
+
+        for root, _dirs, files in os.walk(p):  # temp files of a killed writer
+            for name in files:
+                if name.endswith(OUR_TMP) or ZARR_TMP.search(name):
+                    os.unlink(os.path.join(root, name))
+
+        rec = read_commit(p)
+        n, t = int(rec["num_samples"]), int(rec["num_tokens"])
+        self._group = zarr.open_group(local_store(p, False), mode="r+")
+        self._arrays = {}
+        for name in ALL_ARRAYS:
+            try:
+                arr = self._group[name]
+            except KeyError:
+                raise StoreError(
+                    f"{p}: array {name!r} is missing; delete {p} and re-extract"
+                ) from None
+            self._arrays[name] = arr.with_config(_WRITE_CONFIG)
+        want = {"offsets": n + 1, "sample_id": n, **dict.fromkeys(TOKEN_ARRAYS, t)}
+        for name, arr in self._arrays.items():
+            have = arr.shape[0]
+            if have < want[name]:
+                raise StoreError(
+                    f"{p}: array {name} has {have} entries but {COMMIT_RECORD} commits "
+                    f"{want[name]}; the store is damaged, delete {p} and re-extract"
+                )
+            if have > want[name]:
+                if self.complete:
+                    raise StoreError(
+                        f"{p} is marked complete but {name} is longer than committed; the "
+                        f"store is damaged, delete {p} and re-extract"
+                    )
+                arr.resize((want[name], *arr.shape[1:]))  # drop what was written past commit
+        ids = [str(s) for s in self._arrays["sample_id"][:]] if n else []
+        offsets = self._arrays["offsets"][:]
+        if ids_digest(ids) != rec["sample_ids_sha256"] or int(offsets[-1]) != t:
+            raise StoreError(
+                f"{p}: sample ids or offsets disagree with {COMMIT_RECORD}; the store is "
+                f"damaged, delete {p} and re-extract"
+            )
+        self.committed_ids: list[str] = ids
+        self._committed_set = set(ids)
+        self.num_samples = n
+        self.num_tokens = t
+
+    # -- public -------------------------------------------------------------------------------
+
+    @property
+    def buffered_samples(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def buffered_tokens(self) -> int:
+        return self._buffered_tokens
+
+    def append(self, sample_id: str, input_ids, loss_mask, aux_hidden, final_hidden) -> None:
+        """Validate one sample and buffer it in memory (nothing is written until commit)."""
+        p = self.path
+        self._check_open()
+        if self.complete:
+            raise StoreError(
+                f"{p} is complete (finished); appending {sample_id!r} would reopen it. "
+                f"Delete {p} to re-extract, or write new samples to another shard"
+            )
+        if not isinstance(sample_id, str) or not sample_id:
+            raise StoreError(f"{p}: sample_id must be a non-empty str, got {sample_id!r}")
+        if sample_id in self._committed_set or sample_id in self._buffered_ids:
+            raise StoreError(
+                f"{p}: sample {sample_id!r} is already in this shard; skip ids in "
+                "writer.committed_ids when resuming, and make dataset ids unique"
+            )
+        who = f"{p}: sample {sample_id!r}"
+        ids = self._int_vector(input_ids, "input_ids", who)
+        n_tok = ids.shape[0]
+        if n_tok == 0:
+            raise StoreError(f"{who} has no tokens; drop empty samples before extraction")
+        if ids.min() < 0 or ids.max() > np.iinfo(np.int32).max:
+            raise StoreError(f"{who}: input_ids must be token ids in [0, 2**31), got out-of-range")
+        mask = self._int_vector(loss_mask, "loss_mask", who, allow_bool=True)
+        if mask.shape[0] != n_tok:
+            raise StoreError(f"{who}: loss_mask has {mask.shape[0]} tokens, input_ids {n_tok}")
+        if mask.size and not np.isin(mask, (0, 1)).all():
+            raise StoreError(f"{who}: loss_mask must hold only 0/1 (or bool)")
+        k, h = len(self.aux_layer_ids), self.hidden_size
+        aux = self._bits(aux_hidden, "aux_hidden", (n_tok, k, h), who)
+        fin = self._bits(final_hidden, "final_hidden", (n_tok, h), who)
+        if self.mantissa_bits is not None:  # the lossy precision: rounded before compression
+            aux, fin = (round_bf16_bits(x, self.mantissa_bits) for x in (aux, fin))
+        self._buffer.append((sample_id, ids.astype(np.int32), mask.astype(np.uint8), aux, fin))
+        self._buffered_ids.add(sample_id)
+        self._buffered_tokens += n_tok
+
+    def commit(self) -> None:
+        """Write buffered samples, then atomically replace the commit record (the commit point)."""
+        if not self._buffer:
+            return
+        n0, t0 = self.num_samples, self.num_tokens
+        batch = self._buffer
+        new_ids = [b[0] for b in batch]
+        lengths = np.array([b[1].shape[0] for b in batch], dtype=np.int64)
+        n1, t1 = n0 + len(batch), t0 + int(lengths.sum())
+        a = self._arrays
+        for j, name in enumerate(TOKEN_ARRAYS, start=1):
+            block = np.concatenate([b[j] for b in batch])  # one array at a time bounds memory
+            a[name].resize((t1, *a[name].shape[1:]))
+            a[name][t0:t1] = block
+            del block
+        a["offsets"].resize((n1 + 1,))
+        a["offsets"][n0 + 1 : n1 + 1] = t0 + np.cumsum(lengths)
+        a["sample_id"].resize((n1,))
+        a["sample_id"][n0:n1] = np.array(new_ids, dtype=object)
+        # Make the data durable before the commit record that points at it (power loss too).
+        spans = {"offsets": (n0, n1 + 1), "sample_id": (n0, n1)}
+        touched = ["zarr.json"]
+        for name, arr in a.items():
+            lo, hi = spans.get(name, (t0, t1))
+            touched += [f"{name}/{f}" for f in ["zarr.json", *expected_chunk_files(arr, hi, lo)]]
+        fsync_tree(self.path, touched)
+        ids = self.committed_ids + new_ids
+        self._write_commit_record(n1, t1, ids)
+        self.committed_ids = ids
+        self._committed_set.update(new_ids)
+        self.num_samples, self.num_tokens = n1, t1
+        self._buffer, self._buffered_ids, self._buffered_tokens = [], set(), 0
+
+    def finish(self) -> None:
+        """Commit, then mark the store complete (readers accept only complete stores)."""
+        self._check_open()
+        self.commit()
+        if self.complete:
+            return
+        self._group.attrs.update({"complete": True})  # zarr.json rewritten via temp + rename
+        fsync_tree(self.path, ["zarr.json"])
+        self.complete = True
+
+    def close(self) -> None:
+        """Release the store without committing what is buffered."""
+        self._buffer = []
+        self._buffered_ids = set()
+        self._buffered_tokens = 0
+        self._closed = True
+        if self._own_lock:
+            self._store_lock.release()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.commit()
+        finally:
+            self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self.path}: this writer is closed; open a new ShardWriter")
+
+    def _write_commit_record(self, n: int, t: int, ids: list[str]) -> None:
+        write_json_durable(
+            self.path / COMMIT_RECORD,
+            {
+                "eyrie_store_version": STORE_VERSION,
+                "num_samples": n,
+                "num_tokens": t,
+                "sample_ids_sha256": ids_digest(ids),
+            },
+        )
+
+    @staticmethod
+    def _int_vector(x, name: str, who: str, allow_bool: bool = False) -> np.ndarray:
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu().numpy()
+        a = np.asarray(x)
+        ok = np.issubdtype(a.dtype, np.integer) or (allow_bool and a.dtype == np.bool_)
+        if not ok:
+            raise StoreError(f"{who}: {name} must be an integer array, got dtype {a.dtype}")
+        if a.ndim != 1:
+            raise StoreError(f"{who}: {name} must be 1-D (tokens,), got shape {a.shape}")
+        return a
+
+    @staticmethod
+    def _bits(x, name: str, shape: tuple, who: str) -> np.ndarray:
+        """An owned uint16 copy of bf16 bit patterns; floats are rounded to bf16."""
+        if isinstance(x, np.ndarray) and x.dtype == np.uint16:
+            bits = x
+        elif isinstance(x, torch.Tensor) and x.is_floating_point():
+            bits = bf16_bits(x)
+        elif isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating):
+            bits = bf16_bits(torch.from_numpy(np.ascontiguousarray(x)))
+        else:
+            dtype = getattr(x, "dtype", type(x).__name__)
+            raise StoreError(
+                f"{who}: {name} must be a floating tensor (bf16 preferred) or a uint16 array "
+                f"of bf16 bits, got {dtype}"
+            )
+        if tuple(bits.shape) != shape:
+            raise StoreError(f"{who}: {name} must have shape {shape}, got {tuple(bits.shape)}")
+        return np.array(bits, dtype=np.uint16, copy=True, order="C")

@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("eyrie.cli.validate", "check shard stores against their input and the target"),
     "verify": ("eyrie.cli.verify", "check statically that aux-state capture reaches the target"),
     "patch-server": ("eyrie.cli.patch", "build the SGLang capture patch from the verify report"),
-    "compare-stores": ("eyrie.store.compare", "compare two extractions of the same samples"),
+    "compare-stores": ("eyrie.cli.store", "compare two extractions of the same samples"),
     "draft-vocab": ("eyrie.cli.train", "pick the draft vocabulary (d2t, t2d) from train stores"),
     "train": ("eyrie.cli.train", "train the EAGLE-3 drafter on shard stores (torchrun for DDP)"),
     "export": ("eyrie.cli.train", "write the trained drafter in SGLang and vLLM form, checked"),

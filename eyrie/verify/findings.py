@@ -11,7 +11,7 @@ import ast
 
 from eyrie.verify.pyindex import ClassSym, Module, SourceIndex
 from eyrie.verify.setter import FLAG, LAYERS, SETTERS
-from eyrie.verify.syntax import Evidence, assign_targets, evidence, self_path
+from eyrie.verify.syntax import Evidence, assign_targets, attr_call, evidence, self_path
 
 
 def _module_of(index: SourceIndex, sym: ClassSym) -> Module:
@@ -33,14 +33,8 @@ def layer_uses(index: SourceIndex, sym: ClassSym, setter: ClassSym | None = None
             if name in SETTERS:
                 continue
             for node in ast.walk(fn):
-                read = (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name)
-                    and node.func.id in ("getattr", "hasattr")
-                    and len(node.args) >= 2
-                    and isinstance(node.args[1], ast.Constant)
-                    and node.args[1].value in markers
-                ) or (
+                named = attr_call(node, ("getattr", "hasattr"), (2, 3))
+                read = (named is not None and named.value in markers) or (
                     isinstance(node, ast.Attribute)
                     and isinstance(node.ctx, ast.Load)
                     and node.attr in markers
@@ -140,14 +134,8 @@ def _marker_names(fn: ast.FunctionDef) -> set[str]:
     """Attribute names a setter marks layers with: ``setattr(x, "NAME", ...)``, ``x.NAME = ...``."""
     names = set()
     for node in ast.walk(fn):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "setattr"
-            and len(node.args) == 3
-            and isinstance(node.args[1], ast.Constant)
-        ):
-            names.add(node.args[1].value)
+        if (named := attr_call(node, ("setattr",), (3,))) is not None:
+            names.add(named.value)
         elif isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Attribute) and self_path(target) is None:

@@ -50,16 +50,24 @@ def self_path(node: ast.expr) -> str | None:
     return None
 
 
-def is_hasattr(node: ast.AST, name: str | None = None) -> bool:
-    """Whether a node is ``hasattr(x, "...")`` with a literal name (that `name`, when given)."""
-    return (
+def attr_call(node: ast.AST, funcs: tuple[str, ...], nargs) -> ast.Constant | None:
+    """The literal name of ``getattr``/``hasattr``/``setattr(x, "NAME", ...)``: a call of one of
+    `funcs` with a count of arguments in `nargs` and a constant second one; None otherwise."""
+    if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
-        and node.func.id == "hasattr"
-        and len(node.args) == 2
+        and node.func.id in funcs
+        and len(node.args) in nargs
         and isinstance(node.args[1], ast.Constant)
-        and (name is None or node.args[1].value == name)
-    )
+    ):
+        return node.args[1]
+    return None
+
+
+def is_hasattr(node: ast.AST, name: str | None = None) -> bool:
+    """Whether a node is ``hasattr(x, "...")`` with a literal name (that `name`, when given)."""
+    found = attr_call(node, ("hasattr",), (2,))
+    return found is not None and (name is None or found.value == name)
 
 
 def join_path(path: str, attr: str) -> str:

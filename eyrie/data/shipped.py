@@ -126,7 +126,11 @@ def write(out_dir: str | Path, seed: int = SEED) -> dict[str, int]:
     }
     total = sum(len(t.encode()) for t in texts.values())
     if total > MAX_TOTAL_BYTES:
-        raise RuntimeError(f"dataset is {total} bytes, over the {MAX_TOTAL_BYTES} byte budget")
+        raise RuntimeError(
+            f"dataset is {total} bytes, over the {MAX_TOTAL_BYTES} byte budget; lower "
+            "MAX_ANSWER_CHARS in eyrie/data/chat_corpus.py or skip more modules in "
+            "eyrie/data/stdlib_docs.py"
+        )
     for name, text in texts.items():
         write_text(out_dir / f"{name}.jsonl", text)
     write_text(out_dir / "README.md", datasheet(splits, seed))

@@ -6,6 +6,8 @@ top-level model class. That method usually sets ``self.capture_aux_hidden_states
 (vision-language models and the like) must pass the call on to their language model. This module
 follows that path through inheritance and composition (``self.x = SomeModel(...)`` in
 ``__init__``) and records every step as ``file:line`` evidence, without importing anything.
+What one setter does is read by eyrie.verify.setter and what a class holds by
+eyrie.verify.compose; this module joins the two into a verdict and the chain's shift rule.
 """
 
 from __future__ import annotations

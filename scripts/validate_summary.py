@@ -1,12 +1,11 @@
 """Snakemake adapter for rule validate_summary: the table, and failure past max_errors."""
 
-import contextlib
-
-from eyrie.validate.shard import summarize
+from eyrie.common.adapter import rule_log
+from eyrie.validate.summary import summarize
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
-with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log):
+with rule_log(sm, threads=False):
     ok, message = summarize(sm.input.reports, sm.output.csv, sm.output.md, sm.params.max_errors)
     print(message)
 if not ok:

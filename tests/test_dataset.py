@@ -308,9 +308,9 @@ def test_trim_keeps_whole_paragraphs_within_the_limit():
 def test_signatures_do_not_depend_on_a_virtualenv(tmp_path):
     """sysconfig's default scheme is "venv" inside a virtualenv: the text must not show it."""
     probe = (
-        "import sys, sysconfig; from eyrie import chat_corpus; "
+        "import sys, sysconfig; from eyrie.data import stdlib_docs; "
         "print(sys.prefix != sys.base_prefix, "
-        "chat_corpus._signature(sysconfig.get_paths, 'sysconfig.get_paths'))"
+        "stdlib_docs.signature(sysconfig.get_paths, 'sysconfig.get_paths'))"
     )
     venv = [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v")]
     subprocess.run(venv, check=True)

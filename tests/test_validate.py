@@ -15,7 +15,8 @@ from tiny_target import build_llama, write_split
 from eyrie.common.atomic import write_json
 from eyrie.extract.shard import extract_shard
 from eyrie.store.shard import ShardReader, ShardWriter
-from eyrie.validate.shard import summarize, validate_shard
+from eyrie.validate.shard import validate_shard
+from eyrie.validate.summary import summarize
 
 N = 20
 MAX_TOKENS = 80

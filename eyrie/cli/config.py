@@ -45,6 +45,16 @@ def reference() -> str:
     return "\n".join(lines)
 
 
+def load_for(command: str, path) -> dict | None:
+    """The config of a subcommand: loaded with defaults, or None after printing what is wrong
+    (every bad key, as `eyrie config FILE` names it) under the subcommand's name."""
+    try:
+        return load(path)
+    except ConfigError as exc:
+        print(f"eyrie {command}: {exc}", file=sys.stderr)
+        return None
+
+
 def check_config(config: dict) -> None:
     """For the Snakefile: stop with what `eyrie config FILE` prints (every bad key, with the
     allowed keys or values) when the merged config is bad."""
@@ -59,10 +69,8 @@ def run(args) -> int:
     if args.reference:
         print(reference())
         return 0
-    try:
-        cfg = load(args.configfile)
-    except ConfigError as exc:
-        print(f"eyrie config: {exc}", file=sys.stderr)
+    cfg = load_for("config", args.configfile)
+    if cfg is None:
         return 2
     yaml.safe_dump(cfg, sys.stdout, sort_keys=False)
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from eyrie.common.config import ConfigError, load
+from eyrie.cli.config import load_for
 
 SPLITS = ("train", "heldout")
 
@@ -51,12 +51,10 @@ def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
 
 
 def run(args) -> int:
-    from eyrie.validate.shard import summarize
+    from eyrie.validate.summary import summarize
 
-    try:
-        cfg = load(args.config)
-    except ConfigError as exc:
-        print(f"eyrie validate: {exc}", file=sys.stderr)
+    cfg = load_for("validate", args.config)
+    if cfg is None:
         return 2
     if (args.split is None) != (args.shard is None):
         print("eyrie validate: give both --split and --shard, or neither", file=sys.stderr)

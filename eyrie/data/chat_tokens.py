@@ -15,10 +15,11 @@ with character offsets; a token is in the mask when it overlaps an assistant spa
 
 from __future__ import annotations
 
-from eyrie.common.errors import EyrieError
 from dataclasses import dataclass
 
 import numpy as np
+
+from eyrie.common.errors import EyrieError
 
 
 class SampleError(EyrieError, ValueError):

@@ -13,7 +13,6 @@ blank lines still shows up in the counts).
 
 from __future__ import annotations
 
-from eyrie.common.errors import EyrieError
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from eyrie.common.atomic import write_text
+from eyrie.common.errors import EyrieError
 
 FORMATS = ("auto", "messages", "sharegpt")
 POLICIES = ("skip", "fail")

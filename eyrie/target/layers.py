@@ -11,15 +11,21 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from eyrie.common.errors import EyrieError
+
 KEY = "capture.aux_layer_ids"
 NORM_NAMES = ("norm", "final_layernorm", "ln_f")
+
+
+class AuxLayerError(EyrieError, ValueError):
+    """Aux layer ids that do not fit the target; the message names capture.aux_layer_ids."""
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """EAGLE-3's default for a target with ``num_layers`` layers: [1, L//2 - 1, L - 4]."""
     ids = [1, num_layers // 2 - 1, num_layers - 4]
     if num_layers < 7:  # below 7 layers the three ids collide or go negative
-        raise ValueError(
+        raise AuxLayerError(
             f"the target has {num_layers} decoder layers, too few for EAGLE-3's default aux "
             f"ids {ids}; set {KEY} to distinct ids in 0..{num_layers - 1}"
         )
@@ -30,18 +36,18 @@ def check_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
     """The ids as a list, if each is an int in [0, num_layers) and none repeats."""
     ids = list(ids)
     if not ids:
-        raise ValueError(f"{KEY} is empty; give at least one decoder layer id")
+        raise AuxLayerError(f"{KEY} is empty; give at least one decoder layer id")
     seen = set()
     for i in ids:
         if isinstance(i, bool) or not isinstance(i, int):
-            raise ValueError(f"{KEY}: {i!r} is not an integer layer id")
+            raise AuxLayerError(f"{KEY}: {i!r} is not an integer layer id")
         if not 0 <= i < num_layers:
-            raise ValueError(
+            raise AuxLayerError(
                 f"aux layer id {i} is out of range: the target has {num_layers} decoder layers, "
                 f"so ids must be in 0..{num_layers - 1}; fix {KEY}"
             )
         if i in seen:
-            raise ValueError(f"aux layer id {i} appears twice in {ids}; fix {KEY}")
+            raise AuxLayerError(f"aux layer id {i} appears twice in {ids}; fix {KEY}")
         seen.add(i)
     return ids
 
@@ -64,14 +70,14 @@ def find_decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     want = num_hidden_layers(getattr(model, "config", None))
     lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and n]
     if want is None:
-        raise ValueError(
+        raise AuxLayerError(
             f"{type(model).__name__} has no config.num_hidden_layers, so its decoder layers "
             "cannot be told apart from other module lists"
         )
     found = [(n, m) for n, m in lists if len(m) == want]
     if not found:
         sizes = ", ".join(f"{n} ({len(m)})" for n, m in lists) or "none"
-        raise ValueError(
+        raise AuxLayerError(
             f"{type(model).__name__} has no nn.ModuleList of num_hidden_layers={want} modules "
             f"(module lists: {sizes})"
         )
@@ -92,7 +98,7 @@ def find_final_norm(model: nn.Module) -> tuple[str, nn.Module]:
             module = _get(model, path)
             if module is not None:
                 return path, module
-    raise ValueError(
+    raise AuxLayerError(
         f"{type(model).__name__} has no final norm named {'/'.join(NORM_NAMES)} beside "
         f"{layers_path} or under its base model"
     )

@@ -9,37 +9,45 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
-import tempfile
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import torch
 
-from eyrie.common.errors import EyrieError
-
-KEY = "target.path"
-
-# Files that define how text becomes token ids (any of them may be absent).
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
+from eyrie.common.atomic import write_text
+from eyrie.common.provenance import file_sha256, package_versions
+from eyrie.target.files import (
+    KEY,
+    TOKENIZER_FILES,
+    TargetError,
+    check_folder,
+    num_hidden_layers,
+    read_architecture,
+    read_config,
+    weight_files,
 )
 
-PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "zarr", "numcodecs", "numpy")
-
-
-class TargetError(EyrieError, ValueError):
-    """A target folder that cannot be used; the message names the path, the key and the fix."""
+# Callers that load a target also name its folder's pieces and the versions it ran with.
+__all__ = [
+    "KEY",
+    "TOKENIZER_FILES",
+    "Target",
+    "TargetError",
+    "capture_dtype",
+    "check_folder",
+    "configured_dir",
+    "load_model",
+    "load_target",
+    "load_tokenizer",
+    "num_hidden_layers",
+    "package_versions",
+    "read_architecture",
+    "read_config",
+    "resolve_device",
+    "tokenizer_sha256",
+    "weight_files",
+    "weights_sha256",
+]
 
 
 @dataclass
@@ -70,46 +78,6 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 def capture_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def check_folder(path: str | Path) -> Path:
-    path = Path(path)
-    if not path.is_dir():
-        raise TargetError(
-            f"{KEY}: {path} is not a folder; point {KEY} at a Hugging Face model folder"
-        )
-    if not (path / "config.json").is_file():
-        raise TargetError(f"{KEY}: {path} has no config.json; is it a Hugging Face model folder?")
-    return path
-
-
-def read_config(path: str | Path) -> dict:
-    path = check_folder(path)
-    try:
-        return json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise TargetError(f"{KEY}: {path / 'config.json'} is not valid JSON: {exc}") from None
-
-
-def read_architecture(path: str | Path, configured: str | None = None) -> str:
-    """The architecture class: target.architecture when set, else config.json's first entry."""
-    if configured:
-        return configured
-    archs = read_config(path).get("architectures") or []
-    if not archs:
-        raise TargetError(
-            f"{KEY}: {Path(path) / 'config.json'} lists no 'architectures'; "
-            "set target.architecture in the config"
-        )
-    return archs[0]
-
-
-def num_hidden_layers(path: str | Path) -> int:
-    cfg = read_config(path)
-    cfg = cfg.get("text_config", cfg)
-    if "num_hidden_layers" not in cfg:
-        raise TargetError(f"{KEY}: {Path(path) / 'config.json'} has no num_hidden_layers")
-    return int(cfg["num_hidden_layers"])
 
 
 def load_tokenizer(path: str | Path):
@@ -171,23 +139,6 @@ def load_target(path: str | Path, *, device: str = "auto", architecture: str | N
     return Target(Path(path), model, tokenizer, dev, capture_dtype(dev), arch)
 
 
-def weight_files(path: str | Path) -> list[Path]:
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise TargetError(
-            f"{KEY}: {path} holds no *.safetensors weights; convert the checkpoint to safetensors"
-        )
-    return files
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _combined(files: list[Path], cache_file: str | Path | None = None) -> str:
     """sha256 over (name, sha256 of file) pairs; per-file digests may be cached by size+mtime."""
     cache: dict = {}
@@ -202,16 +153,11 @@ def _combined(files: list[Path], cache_file: str | Path | None = None) -> str:
         st = f.stat()
         key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
         if key not in cache:
-            cache[key] = _file_sha256(f)
+            cache[key] = file_sha256(f)
             changed = True
         outer.update(f"{f.name}:{cache[key]}\n".encode())
     if cache_file and changed:
-        cache_file = Path(cache_file)
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=cache_file.name)
-        with os.fdopen(fd, "w") as out:
-            json.dump(cache, out, indent=1)
-        os.replace(tmp, cache_file)
+        write_text(cache_file, json.dumps(cache, indent=1))
     return outer.hexdigest()
 
 
@@ -225,16 +171,6 @@ def tokenizer_sha256(path: str | Path) -> str:
     if not files:
         raise TargetError(f"{KEY}: {path} holds no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     return _combined(files)
-
-
-def package_versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in (*PACKAGES, "eyrie"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "absent"
-    return out
 
 
 TOY_DEEPSEEK = "toy-deepseek"

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from eyrie.target.files import KEY, TargetError, read_architecture, read_config, weight_files
+
 
 @dataclass(frozen=True)
 class Wrapper:
@@ -41,23 +43,15 @@ WRAPPERS = {
 }
 
 
-def _error(msg: str):
-    from eyrie.target.load import TargetError
-
-    return TargetError(msg)
-
-
 def language_model_config(path: str | Path, arch: str):
     """The language model's transformers config, from the wrapper's `text_config`."""
     import transformers
-
-    from eyrie.target.load import KEY, read_config
 
     w = WRAPPERS[arch]
     cfg = read_config(path)
     text = cfg.get(w.config_key)
     if not isinstance(text, dict):
-        raise _error(
+        raise TargetError(
             f"{KEY}: {Path(path) / 'config.json'} is a {arch} config without a "
             f"'{w.config_key}' object; the language model's config belongs there"
         )
@@ -71,14 +65,12 @@ def check_tensor_names(path: str | Path, arch: str) -> None:
     read from the files' headers alone, before any tensor is loaded."""
     from safetensors import safe_open
 
-    from eyrie.target.load import KEY, weight_files
-
     w = WRAPPERS[arch]
     for f in weight_files(path):
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():  # noqa: SIM118 - safe_open is not a dict
                 if not name.startswith((w.prefix, *w.skipped)):
-                    raise _error(
+                    raise TargetError(
                         f"{KEY}: {f} holds {name!r}, which is neither the language model's "
                         f"({w.prefix}...) nor a vision tensor ({', '.join(w.skipped)}); is "
                         f"this a {arch} checkpoint?"
@@ -98,8 +90,6 @@ def load_language_model(path: str | Path, arch: str, device: torch.device, dtype
 
     import transformers
 
-    from eyrie.target.load import KEY
-
     w = WRAPPERS[arch]
     config = language_model_config(path, arch)
     check_tensor_names(path, arch)
@@ -117,7 +107,7 @@ def load_language_model(path: str | Path, arch: str, device: torch.device, dtype
     unexpected = sorted(k for k in info.get("unexpected_keys") or [] if not k.startswith(w.skipped))
     mismatched = list(info.get("mismatched_keys") or [])
     if missing or unexpected or mismatched:
-        raise _error(
+        raise TargetError(
             f"{KEY}: the {w.prefix}* tensors of {path} do not fit {w.text_class} built from its "
             f"{w.config_key}: missing {missing[:5]}, unexpected {unexpected[:5]}, mismatched "
             f"{mismatched[:5]}; the weights and config.json disagree"
@@ -137,8 +127,6 @@ class ServedTree(torch.nn.Module):
 def served_tree(path: str | Path, model: torch.nn.Module) -> torch.nn.Module:
     """The module tree whose names SGLang uses for the folder's architecture: the model itself,
     or for a wrapper its language model mounted where the wrapper holds it."""
-    from eyrie.target.load import read_architecture
-
     arch = read_architecture(path)
     if arch not in WRAPPERS:
         return model

@@ -8,8 +8,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyrie.verify.chain import SET, Evidence, _walk, evidence
 from eyrie.verify.pyindex import ClassSym, SourceIndex
+from eyrie.verify.setter import SET
+from eyrie.verify.syntax import Evidence, evidence, is_hasattr, walk_branches
 
 MODELS = "sglang.srt.models"
 RUNNER_SCOPE = ("sglang/srt",)
@@ -101,15 +102,7 @@ class ReleaseFacts:
 
 
 def _hasattr_of(node: ast.AST) -> bool:
-    return any(
-        isinstance(n, ast.Call)
-        and isinstance(n.func, ast.Name)
-        and n.func.id == "hasattr"
-        and len(n.args) == 2
-        and isinstance(n.args[1], ast.Constant)
-        and n.args[1].value == SET
-        for n in ast.walk(node)
-    )
+    return any(is_hasattr(n, SET) for n in ast.walk(node))
 
 
 def _runner_calls_in(mod) -> list[RunnerCall]:
@@ -117,7 +110,7 @@ def _runner_calls_in(mod) -> list[RunnerCall]:
     functions = [n for n in ast.walk(mod.tree) if isinstance(n, ast.FunctionDef)]
     for fn in functions:
         raise_guard = None
-        for stmt, conds in _walk(fn.body, [], mod):
+        for stmt, conds in walk_branches(fn.body, [], mod):
             if (
                 isinstance(stmt, ast.If)
                 and _hasattr_of(stmt.test)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import difflib
 from dataclasses import asdict
 
-from eyrie.verify.chain import SET, ChainAnalyzer, Evidence, Reach, _join
+from eyrie.verify.chain import ChainAnalyzer, Reach
+from eyrie.verify.findings import flag_inits, forward_findings, layer_sets, layer_uses
 from eyrie.verify.pyindex import ClassSym
 from eyrie.verify.registry import Entry, ReleaseFacts, entry_names
+from eyrie.verify.setter import SET
 from eyrie.verify.shift import ShiftError
+from eyrie.verify.syntax import Evidence, join_path
 
 VERDICTS = ("ok", "patchable", "unsupported")
 
@@ -25,7 +28,7 @@ def _ev(e: Evidence) -> dict:
 
 def _model_path(path: str) -> str:
     """The attribute path from SGLang's ``model_runner.model`` (the top-level instance)."""
-    return _join("model", path)
+    return join_path("model", path)
 
 
 def verify_arch(
@@ -82,8 +85,8 @@ def verify_arch(
         "patch": _patch(verdict, facts, arch, top, inner),
         "class": top.name,
         "entry": _ev(entry.evidence),
-        "capture_path": _model_path(_join(prefix, used.owner[0])) if used else None,
-        "layers_holder": _model_path(_join(prefix, used.holder[0])) if used else None,
+        "capture_path": _model_path(join_path(prefix, used.owner[0])) if used else None,
+        "layers_holder": _model_path(join_path(prefix, used.holder[0])) if used else None,
         "delegation": _delegation(an, top, reach),
         "shift_rule": an.shift_rule(used).to_json() if used else None,
         "default_ids": [
@@ -170,8 +173,8 @@ def _chain(an: ChainAnalyzer, top: ClassSym, used: Reach | None, prefix: str) ->
     levels: list[tuple[str, ClassSym]] = [("", top)]
     if used is not None:
         for path, cls in used.path:
-            levels.append((_join(prefix, path), cls))
-        levels.append((_join(prefix, used.holder[0]), used.holder[1]))
+            levels.append((join_path(prefix, path), cls))
+        levels.append((join_path(prefix, used.holder[0]), used.holder[1]))
     else:
         levels += [(attr, cls) for attr, cls, _ in an.model_children(top)]
     seen, out = set(), []
@@ -200,7 +203,7 @@ def _level(an: ChainAnalyzer, top, path, cls, levels) -> dict:
         for binding in bindings:
             unresolved += [f"self.{attr}: {u}" for u in binding.unresolved]
     info = an.method_info(cls)
-    fwd = an.forward_findings(cls, nxt)
+    fwd = forward_findings(an.index, cls, nxt)
     setter = None
     if info is not None:
         setter = {
@@ -217,13 +220,13 @@ def _level(an: ChainAnalyzer, top, path, cls, levels) -> dict:
         "defined": _ev(an.class_evidence(cls)),
         "bases": [c.name for c in an.index.mro(cls)[1:]],
         "assigned": attribute,
-        "capture_flag_init": [_ev(e) for e in an.flag_inits(cls)],
+        "capture_flag_init": [_ev(e) for e in flag_inits(an.index, cls)],
         "forward": _ev(fwd["forward"]) if fwd["forward"] else None,
         "forward_checks_flag": [_ev(e) for e in fwd["checks_flag"]],
         "forward_unpacks_aux": [_ev(e) for e in fwd["unpacks_aux"]],
         "forward_uses_child": [_ev(e) for e in fwd["uses_child"]],
-        "layers_to_capture_set": [_ev(e) for e in an.layer_sets(cls)],
-        "layers_to_capture_used": [_ev(e) for e in an.layer_uses(cls)],
+        "layers_to_capture_set": [_ev(e) for e in layer_sets(an.index, cls)],
+        "layers_to_capture_used": [_ev(e) for e in layer_uses(an.index, cls)],
         "set_eagle3_layers_to_capture": setter,
         "unresolved": unresolved,
     }

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import torch
 
+from eyrie.common.atomic import replace_folder
+from eyrie.target.toy.tokenizer import special_token_ids
+
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -33,40 +36,27 @@ SGLANG_KEYS = {
     "num_nextn_predict_layers": 0,
 }
 
-SERVED = dict(
-    hidden_size=1024,
-    num_hidden_layers=8,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    kv_lora_rank=512,
-    q_lora_rank=384,
-    qk_rope_head_dim=64,
-    qk_nope_head_dim=128,
-    v_head_dim=128,
-    intermediate_size=2816,
-    moe_intermediate_size=512,
-    n_routed_experts=16,
-    num_experts_per_tok=4,
-    n_shared_experts=1,
-    first_k_dense_replace=1,
-)
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=8,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    kv_lora_rank=32,
-    q_lora_rank=48,
-    qk_rope_head_dim=16,
-    qk_nope_head_dim=16,
-    v_head_dim=16,
-    intermediate_size=128,
-    moe_intermediate_size=32,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    n_shared_experts=1,
-    first_k_dense_replace=1,
-)
+# Dimensions per size: (served, tiny). The served ones are what a real SGLang 0.5.12 server
+# loads; the tiny ones give a few-MB model for tests.
+DIMS = {
+    "hidden_size": (1024, 64),
+    "num_hidden_layers": (8, 8),
+    "num_attention_heads": (16, 4),
+    "num_key_value_heads": (16, 4),
+    "kv_lora_rank": (512, 32),
+    "q_lora_rank": (384, 48),
+    "qk_rope_head_dim": (64, 16),
+    "qk_nope_head_dim": (128, 16),
+    "v_head_dim": (128, 16),
+    "intermediate_size": (2816, 128),
+    "moe_intermediate_size": (512, 32),
+    "n_routed_experts": (16, 8),
+    "num_experts_per_tok": (4, 2),
+    "n_shared_experts": (1, 1),
+    "first_k_dense_replace": (1, 1),
+}
+SERVED = {k: served for k, (served, _) in DIMS.items()}
+TINY = {k: tiny for k, (_, tiny) in DIMS.items()}
 
 
 def toy_deepseek_config(tokenizer, dims: dict):
@@ -80,9 +70,7 @@ def toy_deepseek_config(tokenizer, dims: dict):
         max_position_embeddings=2048,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **special_token_ids(tokenizer),
         **dims,
     )
     cfg.architectures = ["DeepseekV3ForCausalLM"]
@@ -90,29 +78,37 @@ def toy_deepseek_config(tokenizer, dims: dict):
 
 
 def seeded_init_(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
-    """Draw each parameter from a generator keyed by (seed, name); norms 1, biases 0."""
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight") or "layernorm" in name:
-            torch.nn.init.ones_(p)
-            continue
-        if p.dim() < 2:
-            torch.nn.init.zeros_(p)
-            continue
-        key = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
-        gen = torch.Generator().manual_seed(key)
-        with torch.no_grad():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+    """Set every parameter to its `seeded_tensor`, so the weights depend on names alone."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(seeded_tensor(seed, name, tuple(p.shape), std))
 
 
-def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool = False) -> Path:
+def seeded_tensor(seed: int, name: str, shape: tuple[int, ...], std: float = 0.02):
+    """Norm weights 1, biases 0, anything else drawn from a generator keyed by (seed, name)."""
+    if name.endswith(".weight") and ("norm" in name.rsplit(".", 2)[-2]):
+        return torch.ones(shape)
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
+    key = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
+    return torch.randn(shape, generator=torch.Generator().manual_seed(key)) * std
+
+
+def seeded_model(tokenizer_dir: Path, seed: int, tiny: bool):
+    """toy-deepseek's tokenizer, config and seeded DeepseekV3ForCausalLM (float32, CPU)."""
     from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
-    out, tokenizer_dir = Path(out), Path(tokenizer_dir)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     cfg = toy_deepseek_config(tokenizer, TINY if tiny else SERVED)
     with torch.device("cpu"):
         model = DeepseekV3ForCausalLM(cfg)
     seeded_init_(model, seed)
+    return tokenizer, cfg, model
+
+
+def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool = False) -> Path:
+    out, tokenizer_dir = Path(out), Path(tokenizer_dir)
+    _, _, model = seeded_model(tokenizer_dir, seed, tiny)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
@@ -129,8 +125,7 @@ def finish_folder(tmp: Path, out: Path, tokenizer_dir: Path, config: dict) -> Pa
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).exists():
             shutil.copy2(tokenizer_dir / name, tmp / name)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    replace_folder(tmp, out)
     return out
 
 

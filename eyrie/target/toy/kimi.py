@@ -16,7 +16,6 @@ keys SGLang's modules read in `vision_config`. Prompts are text only.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,14 +23,13 @@ from pathlib import Path
 import torch
 
 from eyrie.target.toy.deepseek import (
-    SERVED,
     SGLANG_KEYS,
-    TINY,
     finish_folder,
-    seeded_init_,
-    toy_deepseek_config,
+    seeded_model,
+    seeded_tensor,
     toy_main,
 )
+from eyrie.target.toy.tokenizer import special_token_ids
 
 ARCHITECTURE = "KimiK25ForConditionalGeneration"
 MODEL_TYPE = "kimi_k25"
@@ -123,26 +121,11 @@ def vision_shapes(v: dict) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def seeded_tensor(seed: int, name: str, shape: tuple[int, ...], std: float = 0.02):
-    """Norm weights 1, biases 0, anything else drawn from a generator keyed by (seed, name)."""
-    if name.endswith(".weight") and ("norm" in name.rsplit(".", 2)[-2]):
-        return torch.ones(shape)
-    if name.endswith(".bias"):
-        return torch.zeros(shape)
-    key = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
-    return torch.randn(shape, generator=torch.Generator().manual_seed(key)) * std
-
-
 def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool = False) -> Path:
     from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 
     out, tokenizer_dir = Path(out), Path(tokenizer_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    text_cfg = toy_deepseek_config(tokenizer, TINY if tiny else SERVED)
-    with torch.device("cpu"):
-        lm = DeepseekV3ForCausalLM(text_cfg)
-    seeded_init_(lm, seed)
+    tokenizer, text_cfg, lm = seeded_model(tokenizer_dir, seed, tiny)
     # The language model's tensors as a checkpoint names them (save_pretrained writes
     # DeepSeek-V3's experts one by one), the form SGLang's loader reads; the module layout of
     # the transformers at hand (fused experts) would be skipped by SGLang without a word.
@@ -169,9 +152,7 @@ def build(out: str | Path, tokenizer_dir: str | Path, seed: int = 0, tiny: bool 
         # No image is ever sent; the placeholder id only has to be a valid token id.
         "media_placeholder_token_id": len(tokenizer) - 1,
         "use_unified_vision_chunk": False,
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
+        **special_token_ids(tokenizer),
         "tie_word_embeddings": False,
         "dtype": "bfloat16",
         "eyrie_toy": {"seed": seed, "tiny": tiny, "language_model_of": "toy-deepseek"},

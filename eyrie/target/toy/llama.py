@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from eyrie.target.toy.tokenizer import read_messages, render, save_hf_tokenizer, train_tokenizer
+from eyrie.target.toy.tokenizer import (
+    read_messages,
+    render,
+    save_hf_tokenizer,
+    special_token_ids,
+    train_tokenizer,
+)
 
 SEED = 1234
 
@@ -38,9 +44,7 @@ def toy_llama_config(tokenizer):
         rope_theta=10000.0,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **special_token_ids(tokenizer),
         torch_dtype="bfloat16",
     )
 

@@ -50,6 +50,16 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
     return tok
 
 
+def special_token_ids(tokenizer) -> dict[str, int]:
+    """The pad, bos and eos ids a toy's config takes from its tokenizer (in the order
+    toy-kimi-k25's config.json lists them)."""
+    return {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+
+
 def save_hf_tokenizer(tok: Tokenizer, out_dir: str | Path, model_max_length: int = 1024) -> None:
     from transformers import PreTrainedTokenizerFast
 

@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "config": ("eyrie.cli.config", "validate a workflow config and print it with defaults filled"),
     "dataset": ("eyrie.cli.dataset", "read a chat dataset and report every bad line"),
     "make-dataset": (
-        "eyrie.data.chat_corpus",
+        "eyrie.cli.dataset",
         "build the shipped chat dataset from the stdlib docs",
     ),
     "extract": ("eyrie.cli.extract", "capture one shard's hidden states into a shard store"),

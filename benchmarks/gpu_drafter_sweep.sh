@@ -4,7 +4,9 @@
 # the draft vocabulary, measures the baselines, then trains each variant with
 # benchmarks/ablate_drafter.py (fp32, so figures compare with the CPU ablation), PARALLEL at a
 # time. Every record goes to $OUT/sweep.jsonl; logs to $OUT/logs.
-#   OUT=/tmp/sweep benchmarks/gpu_drafter_sweep.sh [--skip-extract] [NAME=SETTINGS ...]
+#   OUT=/tmp/sweep [REGEN=1] benchmarks/gpu_drafter_sweep.sh [--skip-extract] [NAME=SETTINGS ...]
+# REGEN=1: the target first regenerates both splits (eyrie regenerate, on the GPU) and the
+# stores are made of its own answers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sweep}; PARALLEL=${PARALLEL:-4}
@@ -16,6 +18,7 @@ python3 - "$cfg" <<'PY'
 import sys, yaml
 c = yaml.safe_load(open("config.yaml"))
 c["capture"]["device"] = "cuda"
+c["regenerate"].update(device="cuda", batch_size=64)
 c["results"] = "results"
 yaml.safe_dump(c, open(sys.argv[1], "w"))
 PY
@@ -24,9 +27,18 @@ if [ $skip = 0 ]; then
   # the prepared splits (rule prepare_dataset); a machine without Snakemake may bring them along
   [ -f results/data/heldout.jsonl ] || python3 -m snakemake --cores 8 --configfile "$cfg" \
     results/data/train.jsonl results/data/heldout.jsonl > "$OUT/logs/dataset.log" 2>&1
+  data=data
+  if [ "${REGEN:-0}" = 1 ]; then
+    for split in train heldout; do
+      python3 -m eyrie.cli.main regenerate --config "$cfg" --split $split --no-progress \
+        > "$OUT/logs/regenerate-$split.log" 2>&1 &
+    done; wait
+    tail -n 1 "$OUT"/logs/regenerate-*.log; cp results/regen/*.summary.json "$OUT/"
+    data=regen
+  fi
   for split in train heldout; do for shard in 0 1; do
     python3 -m eyrie.cli.main extract --config "$cfg" --split $split --shard $shard --no-progress \
-      > "$OUT/logs/extract-$split-$shard.log" 2>&1 &
+      --data results/$data/$split.jsonl > "$OUT/logs/extract-$split-$shard.log" 2>&1 &
   done; done; wait
   python3 -m eyrie.cli.main draft-vocab --config "$cfg" > "$OUT/logs/vocab.log" 2>&1
   echo "stores and vocabulary in $(( $(date +%s) - t0 )) s"; tail -n 1 "$OUT"/logs/extract-*.log

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "eyrie.cli.dataset",
         "build the shipped chat dataset from the stdlib docs",
     ),
+    "regenerate": ("eyrie.cli.regenerate", "the target answers a split's prompts itself"),
     "extract": ("eyrie.cli.extract", "capture one shard's hidden states into a shard store"),
     "validate": ("eyrie.cli.validate", "check shard stores against their input and the target"),
     "verify": ("eyrie.cli.verify", "check statically that aux-state capture reaches the target"),

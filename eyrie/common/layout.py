@@ -26,6 +26,18 @@ class Layout:
     def dataset(self, split: str) -> Path:
         return self.root / "data" / f"{split}.jsonl"
 
+    def regenerated(self, split: str) -> Path:
+        return self.root / "regen" / f"{split}.jsonl"
+
+    def regenerated_summary(self, split: str) -> Path:
+        return self.root / "regen" / f"{split}.summary.json"
+
+    def conversations(self, config: dict, split: str) -> Path:
+        """What a split's stores are made of: the regenerated split when regenerate.enabled."""
+        if (config.get("regenerate") or {}).get("enabled"):
+            return self.regenerated(split)
+        return self.dataset(split)
+
     def targets(self) -> Path:
         return self.root / "targets"
 

@@ -1,11 +1,13 @@
 """Speculative decoding against plain greedy decoding of the same prompts (same run, batch 1).
 
 Both use eyrie.evaluate.speculate's one KV-cache code path (transformers DynamicCache; the target
-runs once per token in plain decoding, once per verify step in speculation). Runs alternate per
-prompt, after a warm-up; tokens/s count new tokens over wall-clock time, prefill included.
-Prints the machine, both tokens/s, the ratio, the mean accept length (tokens per verify step,
-bonus included) and whether every output equalled plain greedy decoding. On a shared machine
-the ratio is only as steady as the CPU is free.
+runs once per token in plain decoding, once per verify step in speculation), timed as the
+evaluate_speculate rule times them (eyrie.evaluate.compare): after a warm-up, plain and
+speculative runs interleave prompt by prompt, the order within a pair flipping between
+``--repeats`` passes; tokens/s count new tokens over wall-clock time, prefill included.
+Prints the machine, both tokens/s, the median ratio over the repeats and its spread, the mean
+accept length (tokens per verify step, bonus included) and whether every output equalled plain
+greedy decoding. On a shared machine the spread shows how steady the ratio is.
 
     python benchmarks/bench_speculate.py                               # toy-llama, CPU
     python benchmarks/bench_speculate.py --device cuda --draft-tokens 1 2 3 4 5
@@ -30,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from eyrie.common.device import pick_device  # noqa: E402
 from eyrie.common.provenance import machine  # noqa: E402
 from eyrie.evaluate import speculate as sp  # noqa: E402
+from eyrie.evaluate.compare import compare  # noqa: E402
 
 
 def untrained_pair(target_dir: Path, device, dtype: str, aux: list[int]):
@@ -60,6 +63,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--draft-tokens", type=int, nargs="+", default=[3])
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved timing passes")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=sorted(sp.DTYPES))
     ap.add_argument("--threads", type=int, help="CPU threads for torch")
@@ -94,12 +98,14 @@ def main() -> int:
     )
     results = []
     for k in args.draft_tokens:
-        r = sp.compare(target, runner, prompts, k=k, max_new_tokens=args.max_new_tokens, eos=eos)
+        r = compare(target, runner, prompts, k=k, max_new_tokens=args.max_new_tokens, eos=eos,
+                    repeats=args.repeats)  # fmt: skip
         r.pop("rows")
         results.append(r)
         print(
             f"k={k}: plain {r['plain_tokens_per_s']:.1f} tok/s | speculative "
-            f"{r['spec_tokens_per_s']:.1f} tok/s | ratio {r['speedup']:.2f}x | mean accept "
+            f"{r['spec_tokens_per_s']:.1f} tok/s | ratio {r['speedup']:.2f}x (median of "
+            f"{r['repeats']}, {r['speedup_min']:.2f}-{r['speedup_max']:.2f}x) | mean accept "
             f"length {r['accept_length']:.2f} (drafts accepted {r['accepted_drafts_mean']:.2f} "
             f"of {k}) | identical to greedy {r['identical']}/{r['prompts']}"
         )

@@ -18,9 +18,12 @@ with rule_log(sm):
         dtype=ev["dtype"],
         out_json=sm.output.json,
         architecture=sm.params.architecture,
+        repeats=ev["repeats"],
     )
     print(
         f"plain {rec['plain_tokens_per_s']:.1f} tok/s, speculative "
-        f"{rec['spec_tokens_per_s']:.1f} tok/s ({rec['speedup']:.2f}x), accept length "
+        f"{rec['spec_tokens_per_s']:.1f} tok/s ({rec['speedup']:.2f}x, median of "
+        f"{rec['repeats']} interleaved repeats, {rec['speedup_min']:.2f}-"
+        f"{rec['speedup_max']:.2f}x), accept length "
         f"{rec['accept_length']:.2f}; identical {rec['identical']}/{rec['prompts']}"
     )

@@ -106,6 +106,37 @@ def test_slower_speculation_is_the_loud_first_line(files):
     assert first.startswith("**SPECULATION IS SLOWER THAN PLAIN DECODING: 0.66×** (transformers")
 
 
+def test_interleaved_repeats_give_the_median_and_spread_in_the_first_line(files):
+    ev = files / "evaluate"
+    rec = dict(speculate(0.73), repeats=3, timing="interleaved", speedup_min=0.70,
+               speedup_max=0.76, speedup_repeats=[0.70, 0.73, 0.76])  # fmt: skip
+    (ev / "speculate.json").write_text(json.dumps(rec))
+    inp = read_inputs(ev / "acceptance.json", ev / "speculate.json", ev / "online.json")
+    summary = build_report(inp, files / "report")["summary"].read_text()
+    first = summary.splitlines()[0]
+    assert first == verdict(inp)
+    assert first.startswith(
+        "**SPECULATION IS SLOWER THAN PLAIN DECODING: 0.73×** (transformers loop, median of 3 "
+        "interleaved repeats, 0.70-0.76×, 3 draft tokens, cpu: Test CPU; 2.40 tokens/verify step)"
+    )
+    assert "**0.73×** (median of 3 interleaved repeats, 0.70-0.76×); accept length 2.40" in summary
+    one = dict(rec, repeats=1, speedup_min=0.73, speedup_max=0.73)
+    assert "(transformers loop, one interleaved pass, 3 draft tokens" in verdict(
+        read_inputs_of(one)
+    )
+    fast = dict(rec, speedup=1.12, speedup_min=1.05, speedup_max=1.2)
+    assert verdict(read_inputs_of(fast)).startswith(
+        "speculation 1.12× plain decoding (transformers loop, median of 3 interleaved repeats, "
+        "1.05-1.20×, 3 draft tokens"
+    )
+
+
+def read_inputs_of(speculate_record):
+    from eyrie.evaluate.report import Inputs
+
+    return Inputs(acceptance=ACCEPTANCE, speculate=speculate_record)
+
+
 def test_sglang_measurement_wins_when_it_ran(files):
     online = {"status": "ok", "draft_tokens": 3, "prompts": 4, "identical": 4,
               "plain_tokens_per_s": 300.0, "spec_tokens_per_s": 630.0, "speedup": 2.1,

@@ -14,14 +14,16 @@ import pytest
 import torch
 from tiny_target import build_llama
 
+from eyrie.evaluate import compare as cmp
 from eyrie.evaluate import online as on
+from eyrie.evaluate.compare import interleaved, rows_of, summarize
 from eyrie.evaluate.speculate import (
     DraftRunner,
+    Generation,
     SpeculateError,
     Target,
     greedy_generate,
     speculative_generate,
-    summarize,
 )
 from eyrie.train.model import Drafter, DrafterConfig
 
@@ -196,6 +198,121 @@ def test_summary_counts_emitted_tokens_per_verify_pass():
     assert s["accept_histogram"] == [1, 1, 0, 2]
     assert s["speedup"] == pytest.approx((12 / 3) / (12 / 3))
     assert s["identical"] == 1
+
+
+def test_plain_and_speculative_interleave_prompt_by_prompt_flipping_each_repeat():
+    calls = []
+
+    def stand_in(kind):
+        def run(p):
+            calls.append((kind, p["id"]))
+            return Generation([1, 2], 1.0)
+
+        return run
+
+    prompts = [{"id": "a", "input_ids": [1]}, {"id": "b", "input_ids": [2]}]
+    runs = interleaved(prompts, stand_in("plain"), stand_in("spec"), repeats=3)
+    assert calls == [
+        ("plain", "a"), ("spec", "a"), ("plain", "b"), ("spec", "b"),
+        ("spec", "a"), ("plain", "a"), ("spec", "b"), ("plain", "b"),
+        ("plain", "a"), ("spec", "a"), ("plain", "b"), ("spec", "b"),
+    ]  # fmt: skip
+    assert len(runs) == 3 and all(len(run) == 2 for run in runs)
+    with pytest.raises(SpeculateError, match="evaluate.repeats must be at least 1"):
+        interleaved(prompts, stand_in("plain"), stand_in("spec"), repeats=0)
+
+
+def test_compare_times_interleaved_after_an_untimed_warmup(tiny, monkeypatch):
+    """compare itself: the warm-up pair (short, untimed), then the pairs in the flipping order."""
+    target, runner, _ = tiny
+    calls = []
+
+    def recorded(kind, real):
+        def run(*args):
+            out = real(*args)
+            calls.append((kind, tuple(args[-4 if kind == "spec" else -3]), args[-2]))
+            return out
+
+        return run
+
+    monkeypatch.setattr(cmp, "greedy_generate", recorded("plain", greedy_generate))
+    monkeypatch.setattr(cmp, "speculative_generate", recorded("spec", speculative_generate))
+    prompts = [{"id": str(i), "input_ids": p} for i, p in enumerate(PROMPTS[:2])]
+    rec = cmp.compare(target, runner, prompts, k=2, max_new_tokens=10, repeats=2)
+    a, b = tuple(PROMPTS[0]), tuple(PROMPTS[1])
+    assert calls == [
+        ("plain", a, 8), ("spec", a, 8),  # the warm-up: one prompt each way, 8 tokens
+        ("plain", a, 10), ("spec", a, 10), ("plain", b, 10), ("spec", b, 10),
+        ("spec", a, 10), ("plain", a, 10), ("spec", b, 10), ("plain", b, 10),
+    ]  # fmt: skip
+    assert rec["repeats"] == 2 and rec["plain_first"] == [True, False]
+    assert rec["identical"] == 2 and rec["new_tokens"] == 20
+    assert all(r["identical_repeats"] == [True, True] for r in rec["rows"])
+    assert len(rec["speedup_repeats"]) == 2
+    assert rec["speedup_min"] <= rec["speedup"] <= rec["speedup_max"]
+
+
+def _runs(times, tokens=(5, 6)):
+    """runs[r][i] from {(r, i): (plain_s, spec_s)}; every output the same tokens."""
+    n_rep = 1 + max(r for r, _ in times)
+    n_p = 1 + max(i for _, i in times)
+    return [
+        [
+            (
+                Generation(list(range(tokens[i])), times[r, i][0]),
+                Generation(list(range(tokens[i])), times[r, i][1], [1] * (tokens[i] - 1)),
+            )
+            for i in range(n_p)
+        ]
+        for r in range(n_rep)
+    ]
+
+
+PAIR_PROMPTS = [{"id": "a", "input_ids": [1, 2]}, {"id": "b", "input_ids": [3]}]
+
+
+def test_median_and_spread_over_repeats_from_known_timings():
+    # per repeat: plain totals 4, 6, 9; spec totals 5, 4, 6 -> speed-ups 0.8, 1.5, 1.5
+    times = {
+        (0, 0): (1.0, 2.0), (0, 1): (3.0, 3.0),
+        (1, 0): (2.0, 1.0), (1, 1): (4.0, 3.0),
+        (2, 0): (4.0, 4.0), (2, 1): (5.0, 2.0),
+    }  # fmt: skip
+    s = summarize(rows_of(PAIR_PROMPTS, _runs(times)), k=3)
+    assert s["repeats"] == 3 and s["timing"] == "interleaved"
+    assert s["plain_seconds_repeats"] == pytest.approx([4.0, 6.0, 9.0])
+    assert s["spec_seconds_repeats"] == pytest.approx([5.0, 4.0, 6.0])
+    assert s["speedup_repeats"] == pytest.approx([0.8, 1.5, 1.5])
+    assert s["speedup"] == pytest.approx(1.5)
+    assert (s["speedup_min"], s["speedup_max"]) == pytest.approx((0.8, 1.5))
+    assert s["plain_seconds"] == pytest.approx(6.0) and s["spec_seconds"] == pytest.approx(5.0)
+    assert s["plain_tokens_per_s"] == pytest.approx(11 / 6.0)
+    assert s["spec_tokens_per_s"] == pytest.approx(11 / 5.0)
+    assert [r["plain_s"] for r in s["rows"]] == pytest.approx([2.0, 4.0])  # per-prompt medians
+    assert [r["spec_s"] for r in s["rows"]] == pytest.approx([2.0, 3.0])
+    assert s["rows"][1]["spec_s_repeats"] == pytest.approx([3.0, 3.0, 2.0])
+    assert s["identical"] == 2 and s["prompts"] == 2 and s["new_tokens"] == 11
+    # an even number of repeats: the median is the mean of the middle two
+    four = {**times, (3, 0): (1.0, 1.0), (3, 1): (1.0, 1.0)}  # speed-up 1.0
+    s4 = summarize(rows_of(PAIR_PROMPTS, _runs(four)), k=3)
+    assert s4["speedup"] == pytest.approx((1.0 + 1.5) / 2)
+    assert s4["plain_first"] == [True, False, True, False]
+
+
+def test_a_mismatch_in_any_repeat_makes_the_prompt_not_identical():
+    times = {(r, i): (1.0, 1.0) for r in range(3) for i in range(2)}
+    runs = _runs(times)
+    plain, spec = runs[2][1]  # prompt b's speculative output differs in the last repeat only
+    runs[2][1] = (plain, Generation(spec.tokens[:-1] + [99], spec.seconds, spec.accepted))
+    s = summarize(rows_of(PAIR_PROMPTS, runs), k=3)
+    assert s["identical"] == 1 and s["prompts"] == 2
+    assert [r["identical"] for r in s["rows"]] == [True, False]
+    assert s["rows"][1]["identical_repeats"] == [True, True, False]
+    runs = _runs(times)
+    plain, spec = runs[1][0]  # a plain output that changed between repeats is no reference
+    runs[1][0] = (Generation([7] * len(plain.tokens), plain.seconds), spec)
+    s = summarize(rows_of(PAIR_PROMPTS, runs), k=3)
+    assert [r["identical"] for r in s["rows"]] == [False, True]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -65,6 +65,9 @@ def add_arguments(parser) -> None:
         parser.add_argument("--draft-tokens", type=int, help="k (evaluate.draft_tokens)")
         parser.add_argument("--device", help="hf: auto | cpu | cuda (evaluate.device)")
         parser.add_argument("--dtype", help="hf: float32 | bfloat16 | float16 (evaluate.dtype)")
+        parser.add_argument(
+            "--repeats", type=int, help="hf: interleaved timing passes (evaluate.repeats)"
+        )
         parser.add_argument("--out", help="JSON result (default {results}/evaluate/NAME.json)")
         parser.add_argument("--threads", type=int, help="CPU threads for torch")
     else:
@@ -158,12 +161,19 @@ def _speculate(args, cfg) -> int:
             dtype=args.dtype or ev["dtype"],
             out_json=out,
             architecture=cfg["target"]["architecture"],
+            repeats=args.repeats or ev["repeats"],
             **common,
+        )
+    spread = ""
+    if rec.get("repeats"):  # the transformers loop: the median of interleaved repeats
+        spread = (
+            f" (median of {rec['repeats']} interleaved repeats, {rec['speedup_min']:.2f}-"
+            f"{rec['speedup_max']:.2f})"
         )
     print(
         f"{out}: plain {rec['plain_tokens_per_s']:.1f} tok/s, speculative "
-        f"{rec['spec_tokens_per_s']:.1f} tok/s, ratio {rec['speedup']:.2f}, accept length "
-        f"{rec['accept_length']:.2f}; identical outputs {rec['identical']}/{rec['prompts']}"
+        f"{rec['spec_tokens_per_s']:.1f} tok/s, ratio {rec['speedup']:.2f}{spread}, accept "
+        f"length {rec['accept_length']:.2f}; identical outputs {rec['identical']}/{rec['prompts']}"
     )
     return 0
 

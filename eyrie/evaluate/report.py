@@ -78,10 +78,26 @@ def speed(inp: Inputs) -> tuple[float | None, str, float | None, int | None]:
     if s.get("speedup") is not None and not _nan(s["speedup"]):
         m = s.get("machine") or {}
         k = s.get("draft_tokens")
-        where = f"transformers loop, {k} draft tokens, {s.get('device', '?')}: "
+        spread = repeats_text(s)
+        where = f"transformers loop, {spread + ', ' if spread else ''}{k} draft tokens, "
+        where += f"{s.get('device', '?')}: "
         where += m.get("gpu") or m.get("cpu", "?")
         return float(s["speedup"]), where, s.get("accept_length"), k
     return None, "not measured", None, None
+
+
+def repeats_text(s: dict) -> str:
+    """'median of 3 interleaved repeats, 0.70-0.76×' for a record of interleaved repeats
+    (eyrie/evaluate/compare.py); '' for an older record that timed one pass."""
+    n = s.get("repeats")
+    if not n:
+        return ""
+    if n == 1:
+        return "one interleaved pass"
+    lo, hi = s.get("speedup_min"), s.get("speedup_max")
+    if lo is None or hi is None or _nan(lo) or _nan(hi):
+        return f"median of {n} interleaved repeats"
+    return f"median of {n} interleaved repeats, {lo:.2f}-{hi:.2f}×"
 
 
 def extraction_errors(inp: Inputs) -> int | None:
@@ -370,12 +386,13 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
     lines += ["## Speculative decoding", ""]
     s = inp.speculate
     if s:
-        m = s.get("machine") or {}
+        m, spread = s.get("machine") or {}, repeats_text(s)
+        spread = f" ({spread})" if spread else ""
         lines += [
             f"- transformers loop ({s.get('device', '?')}: {m.get('gpu') or m.get('cpu', '?')}, "
             f"{s.get('dtype', '?')}): plain {_fmt(s.get('plain_tokens_per_s'), '.1f')} tok/s, "
             f"speculative {_fmt(s.get('spec_tokens_per_s'), '.1f')} tok/s, "
-            f"**{_fmt(s.get('speedup'))}×**; accept length {_fmt(s.get('accept_length'))} "
+            f"**{_fmt(s.get('speedup'))}×**{spread}; accept length {_fmt(s.get('accept_length'))} "
             f"with {s.get('draft_tokens')} drafts; output identical to greedy on "
             f"{s.get('identical')}/{s.get('prompts')} prompts",
         ]

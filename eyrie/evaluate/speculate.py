@@ -294,7 +294,7 @@ def speculative_generate(
 
 
 # ---------------------------------------------------------------------------------------------
-# loading, prompts, the comparison
+# loading and prompts
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -357,73 +357,3 @@ def eos_ids(tokenizer, model_config) -> list[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return sorted({int(i) for i in ids if i is not None})
-
-
-def compare(
-    target: Target,
-    drafter: DraftRunner,
-    prompts: list[dict],
-    *,
-    k: int,
-    max_new_tokens: int,
-    eos=(),
-    warmup: int = 1,
-) -> dict:
-    """Plain greedy vs speculative decoding of the same prompts, batch 1, alternating.
-
-    Tokens/s are new tokens over wall-clock seconds, prefill included (both pay it; speculation
-    also pays the drafter's pass over the prompt). Accept length counts the bonus token:
-    tokens emitted per target verify pass, as SGLang's spec_accept_length does.
-    """
-    for p in prompts[:warmup]:  # first calls allocate and pick kernels; not timed
-        greedy_generate(target, p["input_ids"], min(8, max_new_tokens), eos)
-        speculative_generate(target, drafter, p["input_ids"], k, min(8, max_new_tokens), eos)
-    rows = []
-    for p in prompts:
-        plain = greedy_generate(target, p["input_ids"], max_new_tokens, eos)
-        spec = speculative_generate(target, drafter, p["input_ids"], k, max_new_tokens, eos)
-        rows.append(
-            {
-                "id": p["id"],
-                "prompt_tokens": len(p["input_ids"]),
-                "new_tokens": len(plain.tokens),
-                "plain_s": plain.seconds,
-                "spec_s": spec.seconds,
-                "verify_steps": spec.verify_steps,
-                "accepted": spec.accepted,
-                "identical": plain.tokens == spec.tokens,
-            }
-        )
-    return summarize(rows, k)
-
-
-def summarize(rows: list[dict], k: int) -> dict:
-    """Totals of per-prompt rows (see ``compare``)."""
-    tokens = sum(r["new_tokens"] for r in rows)
-    plain_s = sum(r["plain_s"] for r in rows)
-    spec_s = sum(r["spec_s"] for r in rows)
-    accepted = [a for r in rows for a in r["accepted"]]
-    steps = len(accepted)
-    # tokens emitted by verify passes (the first new token comes from the prefill); the last
-    # pass of a prompt may emit fewer than a + 1 when max_new_tokens or an eos cuts it
-    emitted_by_spec = sum(r["new_tokens"] - 1 for r in rows)
-    hist = [accepted.count(a) for a in range(k + 1)]
-    plain_tps = tokens / plain_s if plain_s > 0 else float("nan")
-    spec_tps = tokens / spec_s if spec_s > 0 else float("nan")
-    return {
-        "draft_tokens": k,
-        "prompts": len(rows),
-        "new_tokens": tokens,
-        "plain_seconds": plain_s,
-        "spec_seconds": spec_s,
-        "plain_tokens_per_s": plain_tps,
-        "spec_tokens_per_s": spec_tps,
-        "speedup": spec_tps / plain_tps if plain_s > 0 and spec_s > 0 else float("nan"),
-        "verify_steps": steps,
-        # emitted per verify pass, bonus included; the first token comes from the prefill
-        "accept_length": emitted_by_spec / steps if steps else float("nan"),
-        "accepted_drafts_mean": sum(accepted) / steps if steps else float("nan"),
-        "accept_histogram": hist,
-        "identical": sum(bool(r["identical"]) for r in rows),
-        "rows": rows,
-    }

@@ -3,7 +3,8 @@
 Each ``run_*`` takes plain paths and settings, runs one measurement and writes its record:
 
 - run_evaluate: offline acceptance on the held-out stores (eyrie/evaluate/acceptance.py);
-- run_speculate: plain vs speculative greedy decoding in-process (eyrie/evaluate/speculate.py);
+- run_speculate: plain vs speculative greedy decoding in-process, interleaved prompt by prompt
+  and repeated (eyrie/evaluate/compare.py, decoding in eyrie/evaluate/speculate.py);
 - run_online: SGLang's own measurement with and without the drafter (eyrie/evaluate/online.py);
 - run_report: figures and summary.md from the records (eyrie/evaluate/report.py).
 
@@ -81,9 +82,12 @@ def run_speculate(
     out_json,
     architecture=None,
     warmup=1,
+    repeats=3,
 ) -> dict:
-    """The transformers loop: plain vs speculative greedy decoding, with the machine."""
+    """The transformers loop: plain vs speculative greedy decoding, with the machine; the
+    speed-up is the median of ``repeats`` interleaved passes (eyrie/evaluate/compare.py)."""
     from eyrie.evaluate import speculate as sp
+    from eyrie.evaluate.compare import compare
 
     dev = pick_device(device, "evaluate.device")
     target, runner, tokenizer, meta = sp.load_pair(
@@ -91,7 +95,7 @@ def run_speculate(
     )
     try:
         ps = sp.load_prompts(prompts_jsonl, tokenizer, prompts)
-        result = sp.compare(
+        result = compare(
             target,
             runner,
             ps,
@@ -99,6 +103,7 @@ def run_speculate(
             max_new_tokens=max_new_tokens,
             eos=sp.eos_ids(tokenizer, target.model.config),
             warmup=warmup,
+            repeats=repeats,
         )
     finally:
         target.close()

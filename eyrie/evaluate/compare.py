@@ -1,0 +1,177 @@
+"""Plain greedy against speculative decoding of the same prompts, timed interleaved and repeated.
+
+Why interleaved: a ratio of two runs timed one after the other measures the machine's load as
+much as the decoding (on one busy machine the same drafter, with the same acceptance, gave 1.12×
+and 0.76×). Here each prompt is decoded plainly and speculatively back to back (plain p1, spec
+p1, plain p2, spec p2, ...), so both sides of a pair see the same load; the order within a pair
+flips from one repeat to the next, so neither always runs first (on warmer caches, after a
+frequency step); and the whole pass is repeated ``repeats`` times. Each repeat gives one
+speed-up, its summed plain time over its summed speculative time for the same tokens; the
+record states their median and their spread (min, max).
+
+Tokens/s are new tokens over wall-clock seconds, prefill included (both pay it; speculation
+also pays the drafter's pass over the prompt). Accept length counts the bonus token: tokens
+emitted per target verify pass, as SGLang's spec_accept_length does.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+
+from eyrie.evaluate.speculate import (
+    DraftRunner,
+    Generation,
+    SpeculateError,
+    Target,
+    greedy_generate,
+    speculative_generate,
+)
+
+
+def plain_first(repeat: int) -> bool:
+    """Whether plain decoding opens each pair in this repeat (it alternates, plain first)."""
+    return repeat % 2 == 0
+
+
+def interleaved(
+    prompts: list[dict],
+    plain: Callable[[dict], Generation],
+    spec: Callable[[dict], Generation],
+    repeats: int,
+) -> list[list[tuple[Generation, Generation]]]:
+    """runs[r][i] = (plain, speculative) generation of prompt i in repeat r, decoded as a pair
+    back to back, plain first in even repeats and speculative first in odd ones."""
+    if repeats < 1:
+        raise SpeculateError(f"evaluate.repeats must be at least 1, got {repeats}")
+    runs = []
+    for r in range(repeats):
+        pairs = []
+        for p in prompts:
+            if plain_first(r):
+                a = plain(p)
+                b = spec(p)
+            else:
+                b = spec(p)
+                a = plain(p)
+            pairs.append((a, b))
+        runs.append(pairs)
+    return runs
+
+
+def compare(
+    target: Target,
+    drafter: DraftRunner,
+    prompts: list[dict],
+    *,
+    k: int,
+    max_new_tokens: int,
+    eos=(),
+    warmup: int = 1,
+    repeats: int = 3,
+) -> dict:
+    """Plain greedy vs speculative decoding of the same prompts, batch 1, interleaved prompt by
+    prompt and repeated (see the module's docstring); the record of ``summarize``."""
+    if repeats < 1:
+        raise SpeculateError(f"evaluate.repeats must be at least 1, got {repeats}")
+    for p in prompts[:warmup]:  # first calls allocate and pick kernels; not timed
+        greedy_generate(target, p["input_ids"], min(8, max_new_tokens), eos)
+        speculative_generate(target, drafter, p["input_ids"], k, min(8, max_new_tokens), eos)
+    runs = interleaved(
+        prompts,
+        lambda p: greedy_generate(target, p["input_ids"], max_new_tokens, eos),
+        lambda p: speculative_generate(target, drafter, p["input_ids"], k, max_new_tokens, eos),
+        repeats,
+    )
+    return summarize(rows_of(prompts, runs), k)
+
+
+def rows_of(prompts: list[dict], runs: list[list[tuple[Generation, Generation]]]) -> list[dict]:
+    """One row per prompt over every repeat. A prompt is ``identical`` only when every output,
+    plain and speculative, of every repeat is the same token sequence; its seconds are the
+    median over the repeats, each repeat's kept in ``plain_s_repeats``/``spec_s_repeats``."""
+    rows = []
+    for i, p in enumerate(prompts):
+        pairs = [run[i] for run in runs]
+        plain0, spec0 = pairs[0]
+        plain_s = [a.seconds for a, _ in pairs]
+        spec_s = [b.seconds for _, b in pairs]
+        rows.append(
+            {
+                "id": p["id"],
+                "prompt_tokens": len(p["input_ids"]),
+                "new_tokens": len(plain0.tokens),
+                "plain_s": statistics.median(plain_s),
+                "spec_s": statistics.median(spec_s),
+                "verify_steps": spec0.verify_steps,
+                "accepted": spec0.accepted,
+                "identical": all(a.tokens == plain0.tokens == b.tokens for a, b in pairs),
+                "identical_repeats": [a.tokens == b.tokens for a, b in pairs],
+                "plain_s_repeats": plain_s,
+                "spec_s_repeats": spec_s,
+            }
+        )
+    return rows
+
+
+def _median(xs: list[float]) -> float:
+    return float("nan") if not xs or any(math.isnan(x) for x in xs) else statistics.median(xs)
+
+
+def _column(rows: list[dict], key: str, repeat: int) -> float:
+    """The seconds ``key`` of every prompt summed for one repeat."""
+    return sum((r.get(f"{key}_repeats") or [r[key]])[repeat] for r in rows)
+
+
+def summarize(rows: list[dict], k: int) -> dict:
+    """Totals of per-prompt rows (see ``rows_of``; a row without ``*_s_repeats`` is one run).
+
+    ``speedup`` is the median of the repeats' speed-ups (``speedup_repeats``, spread in
+    ``speedup_min``/``speedup_max``); ``plain_seconds``/``spec_seconds`` are the medians of the
+    repeats' summed seconds, and the tokens/s are the new tokens over those.
+    """
+    tokens = sum(r["new_tokens"] for r in rows)
+    repeats = max([len(r.get("plain_s_repeats") or [0]) for r in rows] or [1])
+    plain_runs = [_column(rows, "plain_s", j) for j in range(repeats)]
+    spec_runs = [_column(rows, "spec_s", j) for j in range(repeats)]
+    # the same tokens on both sides: tokens/s over tokens/s is plain seconds over spec seconds
+    speedups = [
+        p / s if p > 0 and s > 0 else float("nan")
+        for p, s in zip(plain_runs, spec_runs, strict=True)
+    ]
+    plain_s, spec_s = _median(plain_runs), _median(spec_runs)
+    accepted = [a for r in rows for a in r["accepted"]]
+    steps = len(accepted)
+    # tokens emitted by verify passes (the first new token comes from the prefill); the last
+    # pass of a prompt may emit fewer than a + 1 when max_new_tokens or an eos cuts it
+    emitted_by_spec = sum(r["new_tokens"] - 1 for r in rows)
+    hist = [accepted.count(a) for a in range(k + 1)]
+    plain_tps = tokens / plain_s if plain_s > 0 else float("nan")
+    spec_tps = tokens / spec_s if spec_s > 0 else float("nan")
+    finite = [s for s in speedups if not math.isnan(s)]
+    return {
+        "draft_tokens": k,
+        "prompts": len(rows),
+        "new_tokens": tokens,
+        "plain_seconds": plain_s,
+        "spec_seconds": spec_s,
+        "plain_tokens_per_s": plain_tps,
+        "spec_tokens_per_s": spec_tps,
+        "speedup": _median(speedups),
+        "verify_steps": steps,
+        # emitted per verify pass, bonus included; the first token comes from the prefill
+        "accept_length": emitted_by_spec / steps if steps else float("nan"),
+        "accepted_drafts_mean": sum(accepted) / steps if steps else float("nan"),
+        "accept_histogram": hist,
+        "identical": sum(bool(r["identical"]) for r in rows),
+        "timing": "interleaved",  # plain and speculative back to back, prompt by prompt
+        "repeats": repeats,
+        "plain_first": [plain_first(j) for j in range(repeats)],
+        "speedup_repeats": speedups,
+        "speedup_min": min(finite) if finite else float("nan"),
+        "speedup_max": max(finite) if finite else float("nan"),
+        "plain_seconds_repeats": plain_runs,
+        "spec_seconds_repeats": spec_runs,
+        "rows": rows,
+    }

@@ -1,19 +1,17 @@
 """Snakemake adapter for rule regenerate: eyrie.regenerate.stage.regenerate_split on one split."""
 
 from eyrie.common.adapter import rule_log
-from eyrie.regenerate.stage import regenerate_split
+from eyrie.regenerate.stage import SplitJob, regenerate_split
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
 with rule_log(sm):
-    summary = regenerate_split(
-        data_path=sm.input.data,
-        target_path=sm.params.target,
-        out_jsonl=sm.output.jsonl,
-        summary_json=sm.output.summary,
-        settings=dict(sm.params.settings),
-        architecture=sm.params.architecture,
+    job = SplitJob(
+        data=sm.input.data,
+        target=sm.params.target,
+        out=sm.output.jsonl,  # the summary beside it is sm.output.summary
         split=sm.wildcards.split,
-        progress=False,
+        architecture=sm.params.architecture,
     )
+    summary = regenerate_split(job, dict(sm.params.settings), progress=False)
     print(summary["counts"])

@@ -16,7 +16,7 @@ import torch
 
 from eyrie.data.chat_tokens import render
 from eyrie.regenerate.hf import Answer, HFGenerator, stop_ids
-from eyrie.regenerate.stage import RegenerateError, read_work, regenerate_split
+from eyrie.regenerate.stage import RegenerateError, SplitJob, read_work, regenerate_split
 from eyrie.regenerate.turns import regenerate_conversations
 from eyrie.target.load import load_model, load_tokenizer
 
@@ -107,16 +107,10 @@ def stage(tmp_path, name, records, factory, settings=SETTINGS):
     data = tmp_path / "in.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / name
-    return regenerate_split(
-        data,
-        TOY,
-        out / "train.jsonl",
-        out / "train.summary.json",
-        settings,
-        split="train",
-        progress=False,
-        generator_factory=factory,
-    )
+    job = SplitJob(data=data, target=TOY, out=out / "train.jsonl", split="train")
+    summary = regenerate_split(job, settings, progress=False, generator_factory=factory)
+    assert json.loads((out / "train.summary.json").read_text()) == summary
+    return summary
 
 
 def test_a_killed_run_resumes_to_what_an_uninterrupted_run_writes(tmp_path):

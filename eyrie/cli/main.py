@@ -16,27 +16,29 @@ import sys
 from eyrie import __version__
 from eyrie.common.errors import EyrieError
 
+# One line per subcommand: name | module | one-line help.
+_TABLE = """
+config | eyrie.cli.config | validate a workflow config and print it with defaults filled
+dataset | eyrie.cli.dataset | read a chat dataset and report every bad line
+make-dataset | eyrie.cli.dataset | build the shipped chat dataset from the stdlib docs
+regenerate | eyrie.cli.regenerate | the target answers a split's prompts itself
+extract | eyrie.cli.extract | capture one shard's hidden states into a shard store
+validate | eyrie.cli.validate | check shard stores against their input and the target
+verify | eyrie.cli.verify | check statically that aux-state capture reaches the target
+patch-server | eyrie.cli.patch | build the SGLang capture patch from the verify report
+compare-stores | eyrie.cli.store | compare two extractions of the same samples
+draft-vocab | eyrie.cli.train | pick the draft vocabulary (d2t, t2d) from train stores
+train | eyrie.cli.train | train the EAGLE-3 drafter on shard stores (torchrun for DDP)
+export | eyrie.cli.train | write the trained drafter in SGLang and vLLM form, checked
+check-export | eyrie.cli.train | refuse a drafter folder an engine would misread
+evaluate | eyrie.cli.evaluate | offline acceptance (acc_k, tau) on the held-out stores
+speculate | eyrie.cli.evaluate | speculative vs greedy decoding: speed, accept length
+report | eyrie.cli.evaluate | figures and summary.md (verdict first) of a run
+"""
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "config": ("eyrie.cli.config", "validate a workflow config and print it with defaults filled"),
-    "dataset": ("eyrie.cli.dataset", "read a chat dataset and report every bad line"),
-    "make-dataset": (
-        "eyrie.cli.dataset",
-        "build the shipped chat dataset from the stdlib docs",
-    ),
-    "regenerate": ("eyrie.cli.regenerate", "the target answers a split's prompts itself"),
-    "extract": ("eyrie.cli.extract", "capture one shard's hidden states into a shard store"),
-    "validate": ("eyrie.cli.validate", "check shard stores against their input and the target"),
-    "verify": ("eyrie.cli.verify", "check statically that aux-state capture reaches the target"),
-    "patch-server": ("eyrie.cli.patch", "build the SGLang capture patch from the verify report"),
-    "compare-stores": ("eyrie.cli.store", "compare two extractions of the same samples"),
-    "draft-vocab": ("eyrie.cli.train", "pick the draft vocabulary (d2t, t2d) from train stores"),
-    "train": ("eyrie.cli.train", "train the EAGLE-3 drafter on shard stores (torchrun for DDP)"),
-    "export": ("eyrie.cli.train", "write the trained drafter in SGLang and vLLM form, checked"),
-    "check-export": ("eyrie.cli.train", "refuse a drafter folder an engine would misread"),
-    "evaluate": ("eyrie.cli.evaluate", "offline acceptance (acc_k, tau) on the held-out stores"),
-    "speculate": ("eyrie.cli.evaluate", "speculative vs greedy decoding: speed, accept length"),
-    "report": ("eyrie.cli.evaluate", "figures and summary.md (verdict first) of a run"),
+    name: (module, help_text)
+    for name, module, help_text in (line.split(" | ") for line in _TABLE.strip().splitlines())
 }
 
 

@@ -20,7 +20,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from eyrie.regenerate.stage import regenerate_split
+    from eyrie.regenerate.stage import SplitJob, regenerate_split
     from eyrie.target.load import configured_dir
 
     cfg = load_for("regenerate", args.config)
@@ -28,18 +28,15 @@ def run(args) -> int:
         return 2
     layout = Layout.of(cfg)
     out = args.out or layout.regenerated(args.split)
-    summary_path = str(out).removesuffix(".jsonl") + ".summary.json"
     settings = {k: v for k, v in cfg["regenerate"].items() if k != "enabled"}
-    summary = regenerate_split(
-        data_path=args.data or layout.dataset(args.split),
-        target_path=configured_dir(cfg),
-        out_jsonl=out,
-        summary_json=summary_path,
-        settings=settings,
-        architecture=cfg["target"].get("architecture"),
+    job = SplitJob(
+        data=args.data or layout.dataset(args.split),
+        target=configured_dir(cfg),
+        out=out,
         split=args.split,
-        progress=not args.no_progress,
+        architecture=cfg["target"].get("architecture"),
     )
+    summary = regenerate_split(job, settings, progress=not args.no_progress)
     c = summary["counts"]
     print(
         f"{out}: {c['generated']} regenerated, {c['skipped']} skipped, {c['failed']} failed of "

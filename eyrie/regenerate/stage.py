@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -74,24 +75,32 @@ def append_chunk(fh, outcomes: list[Outcome], number: int) -> None:
     os.fsync(fh.fileno())
 
 
-def regenerate_split(
-    data_path,
-    target_path,
-    out_jsonl,
-    summary_json,
-    settings: dict,
-    *,
-    architecture: str | None = None,
-    split: str = "",
-    progress: bool = True,
-    generator_factory=None,
-) -> dict:
-    """Regenerate one prepared split; returns the summary written to `summary_json`.
+@dataclass(frozen=True)
+class SplitJob:
+    """One split to regenerate: where it comes from, where it goes, which target answers."""
 
-    `generator_factory(model_path, settings) -> (generator, tokenizer, max_positions)` builds the
-    backend (default: transformers in-process); tests pass a stand-in.
+    data: Path  # the prepared split (rule prepare_dataset)
+    target: Path  # the target's HF folder
+    out: Path  # the regenerated JSONL; its summary goes beside it (SPLIT.summary.json)
+    split: str = ""
+    architecture: str | None = None
+
+    @property
+    def summary(self) -> Path:
+        return Path(self.out).with_name(
+            Path(self.out).name.removesuffix(".jsonl") + ".summary.json"
+        )
+
+
+def regenerate_split(job: SplitJob, settings: dict, *, progress=True, generator_factory=None):
+    """Regenerate one prepared split; returns the summary written beside the output.
+
+    `generator_factory(model_path, settings, architecture) -> (generator, tokenizer,
+    max_positions)` builds the backend (default: transformers in-process); tests pass a
+    stand-in.
     """
-    data_path, out_jsonl, summary_json = Path(data_path), Path(out_jsonl), Path(summary_json)
+    data_path, out_jsonl, summary_json = Path(job.data), Path(job.out), job.summary
+    target_path, architecture, split = job.target, job.architecture, job.split
     if settings.get("backend", "hf") not in BACKENDS:
         raise RegenerateError(
             f"regenerate.backend {settings['backend']!r} is not one of {list(BACKENDS)}"

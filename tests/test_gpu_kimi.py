@@ -81,7 +81,7 @@ def test_the_same_steps_rehearsed_on_the_cpu(tmp_path):
 
 def test_verify_catches_a_wrapper_that_no_longer_delegates(tmp_path):
     """Control (a) without a server: the real 0.5.12 source, its delegation line removed."""
-    from eyrie.sglang.patch.bundle import build_manifest
+    from eyrie.sglang.patch.manifest import build_manifest
     from eyrie.target.toy.kimi import build
     from eyrie.verify.stage import run_stage
 

@@ -179,8 +179,12 @@ def patched_server(
     settings: dict,
     rid_prefix: str,
     log_path: Path,
+    base_env: dict | None = None,
 ):
-    """(url, DumpFolder) of a patched server: launched here, or the external one configured."""
+    """(url, DumpFolder) of a patched server: launched here, or the external one configured.
+
+    `base_env` is the environment the launched server's starts from (this process's by default).
+    """
     manifest_sha = file_sha256(bundle / "manifest.json")
     external = bool(settings["url"])
     if external and not settings["dump_dir"]:
@@ -199,7 +203,7 @@ def patched_server(
             yield url, folder
             return
         python = settings["python"] or sys.executable
-        env = server_env(bundle, manifest, path, rid_prefix)
+        env = server_env(bundle, manifest, path, rid_prefix, base_env)
         try:
             check_installed(manifest, installed_package(python, env))
         except RuntimeError as exc:

@@ -85,8 +85,7 @@ def extract_shard(
         )
     else:
         raise ExtractError(
-            f"capture.backend {backend!r}: this extractor runs the target in-process "
-            "(backend 'hf')"
+            f"capture.backend {backend!r}: this extractor runs the target in-process (backend 'hf')"
         )
     return run_shard(
         cap,

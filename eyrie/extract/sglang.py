@@ -103,11 +103,10 @@ class SglangCapture:
         try:
             status, body = post_json(f"{self.url}/generate", payload, self.request_timeout)
         except HttpError as exc:
-            exc = SglangError(str(exc))
             server = self.folder.server
             if server is not None and not server.alive():
                 raise server.failure(f"{exc}; the SGLang server died") from None
-            raise
+            raise SglangError(str(exc)) from None
         if isinstance(body, list):
             body = body[0] if body else {}
         if status >= 500:

@@ -1,4 +1,4 @@
-"""One extract job: a shard of a split, captured by a backend and appended to a shard store.
+"""The pieces of an extract job (eyrie.extract.shard) that do not depend on the backend.
 
 The job is the same for every backend; only the capture differs (`Capture`: eyrie.extract.hf
 runs the target in-process, eyrie.extract.sglang sends the samples to a patched server).
@@ -17,11 +17,9 @@ and the outcome.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,19 +30,12 @@ from tqdm import tqdm
 
 from eyrie.common import atomic
 from eyrie.common.config import config_hash
-from eyrie.common.disk_full import for_extract, is_disk_full
 from eyrie.common.provenance import file_sha256
 from eyrie.extract.split import (
     ExtractError,
     Good,
-    Interrupted,
-    read_split,
-    resolve_aux_layer_ids,
-    shard_members,
-    tokenize,
 )
-from eyrie.extract.table import count_reasons, read_errors, write_errors
-from eyrie.store.background import start_writer
+from eyrie.extract.table import read_errors, write_errors
 from eyrie.store.lock import StoreLock
 from eyrie.store.shard import ShardReader, ShardWriter, StoreError
 
@@ -250,162 +241,3 @@ def count_cuts(outcome: Outcome, good: list[Good], errors: dict, max_tokens: int
             outcome.tokens_cut,
             max(g.full_length for g in cut),
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# the job
-
-
-def run_shard(
-    capture: Capture,
-    *,
-    data_path: str | Path,
-    target_path: str | Path,
-    split: str,
-    shard: int,
-    out_store: str | Path,
-    errors_csv: str | Path,
-    capture_cfg: dict,
-    extract: dict,
-    max_tokens: int,
-    commit_every: int = 64,
-    weights_cache: str | Path | None = None,
-    stop_after_commits: int | None = None,
-    progress: bool = True,
-) -> Outcome:
-    """Extract shard `shard` of extract.shards from a split file into `out_store` with `capture`."""
-    from eyrie.target.load import num_hidden_layers
-
-    start = time.perf_counter()
-    seconds = dict.fromkeys(capture.seconds_keys, 0.0)
-    shards = int(extract["shards"])
-    batch_size = int(capture_cfg.get("batch_size", 8))
-    commit_every = max(batch_size, -(-int(commit_every) // batch_size) * batch_size)
-    out_store, errors_csv = Path(out_store), Path(errors_csv)
-    work_store, work_errors = work_paths(out_store, errors_csv)
-
-    members = shard_members(read_split(data_path), shard, shards)
-    aux_ids = resolve_aux_layer_ids(
-        capture_cfg.get("aux_layer_ids"), num_hidden_layers(target_path)
-    )
-    ready = capture.prepare(target_path, aux_ids)
-    good, errors = tokenize(ready.tokenizer, members, max_tokens)
-    sources = {r.line: r.source for r in members}
-    settings = {
-        "capture": {**capture_cfg, "aux_layer_ids": aux_ids},
-        "extract": dict(extract),
-        "max_tokens": int(max_tokens),
-        "commit_every": commit_every,
-        "architecture": ready.architecture,
-        **ready.settings,
-    }
-    provenance = provenance_for(
-        target_path,
-        backend=capture.backend,
-        split=split,
-        shard=shard,
-        shards=shards,
-        data_path=data_path,
-        settings=settings,
-        device=ready.device,
-        dtype=ready.dtype,
-        weights_cache=weights_cache,
-    )
-    if ready.dtype_label is not None:
-        provenance["dtype"] = ready.dtype_label
-    hidden = ready.hidden_size
-    # Locked before the scratch store is looked at; held until the store is in place.
-    lock = StoreLock(work_store).acquire()
-    writer = None
-    try:
-        writer = open_writer(
-            work_store,
-            provenance,
-            lock=lock,
-            hidden_size=hidden,
-            aux_layer_ids=aux_ids,
-            chunk_tokens=int(extract.get("chunk_tokens", 256)),
-            shard_tokens=int(extract.get("shard_tokens", 16384)),
-            precision=str(extract.get("precision", "lossless")),
-        )
-        try:
-            groups, bar = resume_plan(
-                writer,
-                work_store,
-                work_errors,
-                good,
-                errors,
-                members,
-                commit_every,
-                desc=f"extract {split}/{shard:03d}{capture.label}",
-                progress=progress,
-            )
-            t0, commits, done = time.monotonic(), 0, {"tokens": 0}
-
-            def write_group(group, resolve: Resolve):  # on the writer thread (store/background)
-                tick = time.perf_counter()
-                for g, res in zip(group, resolve(), strict=True):
-                    if isinstance(res[0], str):  # ("error", reason, detail)
-                        errors[g.line] = (g.sample_id, res[1], res[2])
-                        continue
-                    aux, final = res
-                    if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
-                        errors[g.line] = (g.sample_id, "non_finite", "the target gave NaN or Inf")
-                        continue
-                    errors.pop(g.line, None)
-                    writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
-                    done["tokens"] += len(g.input_ids)
-                writer.commit()
-                write_errors(work_errors, errors, sources)
-                seconds["write"] += time.perf_counter() - tick
-
-            seconds["setup"] = time.perf_counter() - start
-            with (
-                start_writer(capture.writer_queue) as bg,
-                capture.session(bool(groups), batch_size) as submit,
-            ):
-                seconds["setup"] = time.perf_counter() - start  # a server may have started
-                for group in groups:
-                    tick = time.perf_counter()
-                    resolve = submit(group)
-                    seconds["capture"] += time.perf_counter() - tick
-                    bg.submit(write_group, group, resolve)  # commits in order
-                    commits += 1
-                    bar.update(len(group))
-                    rate = done["tokens"] / max(time.monotonic() - t0, 1e-9)
-                    bar.set_postfix(tok_s=f"{rate:.0f}")
-                    if stop_after_commits is not None and commits >= stop_after_commits:
-                        bg.wait()  # the commits asked for are on disk
-                        raise Interrupted(f"stopped after {commits} commits (as asked)")
-            if "wait" in seconds:
-                seconds["wait"] = bg.waited_s
-            bar.close()
-            writer.finish()
-            outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
-        finally:
-            writer.close()
-        place_store(work_store, work_errors, out_store, errors_csv, errors, sources)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        raise ExtractError(
-            for_extract(work_store, out_store, writer, good, aux_ids, hidden)
-        ) from exc
-    finally:
-        lock.release()
-    with contextlib.suppress(OSError):
-        work_store.parent.rmdir()  # only when empty
-    outcome.errors = count_reasons(errors)
-    count_cuts(outcome, good, errors, max_tokens)
-    seconds["total"] = time.perf_counter() - start
-    outcome.seconds = seconds
-    capture.finish(outcome)
-    log.info(
-        "%s: %d samples, %d tokens, %d errors %s",
-        out_store,
-        outcome.samples,
-        outcome.tokens,
-        len(errors),
-        outcome.errors,
-    )
-    return outcome

@@ -1,15 +1,31 @@
-"""Extract one shard of one split: the extract stage's entry point, for either backend.
+"""Extract one shard of one split: tokenize, capture, and append to a shard store.
 
-capture.backend picks the capture: `hf` runs the target in-process (eyrie.extract.hf), `sglang`
-sends the samples to a patched SGLang server (eyrie.extract.sglang). The job around it (scratch
-store, commit groups, resume, errors table, lock, disk-full handling) is eyrie.extract.job.
+capture.backend picks the capture (eyrie.extract.job.Capture): `hf` runs the target in-process
+(eyrie.extract.hf), `sglang` sends the samples to a patched SGLang server (eyrie.extract.sglang).
+Everything around it exists once, here and in eyrie.extract.job: the scratch store and its lock,
+commit groups and bit-exact resume, the errors table, disk-full handling, the outcome.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
 from pathlib import Path
 
-from eyrie.extract.job import Outcome, run_shard, work_paths
+import torch
+
+from eyrie.common.disk_full import for_extract, is_disk_full
+from eyrie.extract.job import (
+    Outcome,
+    Resolve,
+    count_cuts,
+    open_writer,
+    place_store,
+    provenance_for,
+    resume_plan,
+    work_paths,
+)
 from eyrie.extract.split import (
     ExtractError,
     Interrupted,
@@ -17,8 +33,13 @@ from eyrie.extract.split import (
     read_split,
     resolve_aux_layer_ids,
     shard_members,
+    tokenize,
 )
-from eyrie.extract.table import ERROR_COLUMNS, read_errors, write_errors
+from eyrie.extract.table import ERROR_COLUMNS, count_reasons, read_errors, write_errors
+from eyrie.store.background import start_writer
+from eyrie.store.lock import StoreLock
+
+log = logging.getLogger("eyrie.extract.shard")
 
 __all__ = [
     "ERROR_COLUMNS",
@@ -87,19 +108,136 @@ def extract_shard(
         raise ExtractError(
             f"capture.backend {backend!r}: this extractor runs the target in-process (backend 'hf')"
         )
-    return run_shard(
-        cap,
-        data_path=data_path,
-        target_path=target_path,
+    from eyrie.target.load import num_hidden_layers
+
+    start = time.perf_counter()
+    seconds = dict.fromkeys(cap.seconds_keys, 0.0)
+    shards = int(extract["shards"])
+    batch_size = int(capture.get("batch_size", 8))
+    commit_every = max(batch_size, -(-int(commit_every) // batch_size) * batch_size)
+    out_store, errors_csv = Path(out_store), Path(errors_csv)
+    work_store, work_errors = work_paths(out_store, errors_csv)
+
+    members = shard_members(read_split(data_path), shard, shards)
+    aux_ids = resolve_aux_layer_ids(capture.get("aux_layer_ids"), num_hidden_layers(target_path))
+    ready = cap.prepare(target_path, aux_ids)
+    good, errors = tokenize(ready.tokenizer, members, max_tokens)
+    sources = {r.line: r.source for r in members}
+    settings = {
+        "capture": {**capture, "aux_layer_ids": aux_ids},
+        "extract": dict(extract),
+        "max_tokens": int(max_tokens),
+        "commit_every": commit_every,
+        "architecture": ready.architecture,
+        **ready.settings,
+    }
+    provenance = provenance_for(
+        target_path,
+        backend=cap.backend,
         split=split,
         shard=shard,
-        out_store=out_store,
-        errors_csv=errors_csv,
-        capture_cfg=capture,
-        extract=extract,
-        max_tokens=max_tokens,
-        commit_every=commit_every,
+        shards=shards,
+        data_path=data_path,
+        settings=settings,
+        device=ready.device,
+        dtype=ready.dtype,
         weights_cache=weights_cache,
-        stop_after_commits=stop_after_commits,
-        progress=progress,
     )
+    if ready.dtype_label is not None:
+        provenance["dtype"] = ready.dtype_label
+    hidden = ready.hidden_size
+    # Locked before the scratch store is looked at; held until the store is in place.
+    lock = StoreLock(work_store).acquire()
+    writer = None
+    try:
+        writer = open_writer(
+            work_store,
+            provenance,
+            lock=lock,
+            hidden_size=hidden,
+            aux_layer_ids=aux_ids,
+            chunk_tokens=int(extract.get("chunk_tokens", 256)),
+            shard_tokens=int(extract.get("shard_tokens", 16384)),
+            precision=str(extract.get("precision", "lossless")),
+        )
+        try:
+            groups, bar = resume_plan(
+                writer,
+                work_store,
+                work_errors,
+                good,
+                errors,
+                members,
+                commit_every,
+                desc=f"extract {split}/{shard:03d}{cap.label}",
+                progress=progress,
+            )
+            t0, commits, done = time.monotonic(), 0, {"tokens": 0}
+
+            def write_group(group, resolve: Resolve):  # on the writer thread (store/background)
+                tick = time.perf_counter()
+                for g, res in zip(group, resolve(), strict=True):
+                    if isinstance(res[0], str):  # ("error", reason, detail)
+                        errors[g.line] = (g.sample_id, res[1], res[2])
+                        continue
+                    aux, final = res
+                    if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
+                        errors[g.line] = (g.sample_id, "non_finite", "the target gave NaN or Inf")
+                        continue
+                    errors.pop(g.line, None)
+                    writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final)
+                    done["tokens"] += len(g.input_ids)
+                writer.commit()
+                write_errors(work_errors, errors, sources)
+                seconds["write"] += time.perf_counter() - tick
+
+            seconds["setup"] = time.perf_counter() - start
+            with (
+                start_writer(cap.writer_queue) as bg,
+                cap.session(bool(groups), batch_size) as submit,
+            ):
+                seconds["setup"] = time.perf_counter() - start  # a server may have started
+                for group in groups:
+                    tick = time.perf_counter()
+                    resolve = submit(group)
+                    seconds["capture"] += time.perf_counter() - tick
+                    bg.submit(write_group, group, resolve)  # commits in order
+                    commits += 1
+                    bar.update(len(group))
+                    rate = done["tokens"] / max(time.monotonic() - t0, 1e-9)
+                    bar.set_postfix(tok_s=f"{rate:.0f}")
+                    if stop_after_commits is not None and commits >= stop_after_commits:
+                        bg.wait()  # the commits asked for are on disk
+                        raise Interrupted(f"stopped after {commits} commits (as asked)")
+            if "wait" in seconds:
+                seconds["wait"] = bg.waited_s
+            bar.close()
+            writer.finish()
+            outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
+        finally:
+            writer.close()
+        place_store(work_store, work_errors, out_store, errors_csv, errors, sources)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise ExtractError(
+            for_extract(work_store, out_store, writer, good, aux_ids, hidden)
+        ) from exc
+    finally:
+        lock.release()
+    with contextlib.suppress(OSError):
+        work_store.parent.rmdir()  # only when empty
+    outcome.errors = count_reasons(errors)
+    count_cuts(outcome, good, errors, max_tokens)
+    seconds["total"] = time.perf_counter() - start
+    outcome.seconds = seconds
+    cap.finish(outcome)
+    log.info(
+        "%s: %d samples, %d tokens, %d errors %s",
+        out_store,
+        outcome.samples,
+        outcome.tokens,
+        len(errors),
+        outcome.errors,
+    )
+    return outcome

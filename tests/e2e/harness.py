@@ -27,7 +27,7 @@ import yaml
 from eyrie.sglang.http import post_json
 from eyrie.sglang.launch import capture_command, launcher
 from eyrie.sglang.patch.settings import sglang_settings
-from eyrie.sglang.server import ready_server
+from eyrie.sglang.server import log_tail, ready_server
 
 REPO = Path(__file__).resolve().parents[2]
 # capture.sglang.launcher of a CPU rehearsal: the transformers-backed stand-in server
@@ -55,13 +55,6 @@ def versions() -> dict:
     return out
 
 
-def tail(path, lines: int = 60) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no {path})"
-
-
 def run_cmd(cmd: list[str], log: Path, timeout: float, env=None) -> None:
     """Run a command in its own process group, logged; its whole group is stopped however this
     ends (an error, the time budget, or SIGTERM to this process)."""
@@ -75,13 +68,13 @@ def run_cmd(cmd: list[str], log: Path, timeout: float, env=None) -> None:
         try:
             code = proc.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            why = f"{cmd[:4]} ran past {timeout:.0f} s; log {log}:\n{tail(log)}"
+            why = f"{cmd[:4]} ran past {timeout:.0f} s; log {log}:\n{log_tail(log, 60)}"
             raise StepError(why) from None
         finally:
             if proc.proc.poll() is None:
                 os.killpg(proc.proc.pid, signal.SIGTERM)  # snakemake cancels its jobs
     if code != 0:
-        raise StepError(f"{cmd[:4]} exited {code}; log {log}:\n{tail(log)}")
+        raise StepError(f"{cmd[:4]} exited {code}; log {log}:\n{log_tail(log, 60)}")
 
 
 class Run:
@@ -176,7 +169,7 @@ class Run:
         try:
             run_cmd(cmd, log, self.left(), env=self.env())
         except StepError as exc:
-            jobs = "\n".join(f"--- {p}\n{tail(p, 40)}" for p in self.logs[1:] if p.exists())
+            jobs = "\n".join(f"--- {p}\n{log_tail(p, 40)}" for p in self.logs[1:] if p.exists())
             raise StepError(f"{exc}\n{jobs}") from None
         report = json.loads(want.read_text())
         shutil.copyfile(want, self.out / "validate.json")
@@ -185,7 +178,7 @@ class Run:
         store = results / "store" / "train" / "shard-000.zarr"
         chunk = self.config["capture"]["sglang"]["chunked_prefill_size"]
         lengths = _lengths(store)
-        extract_log = tail(results / "logs" / "extract" / "train" / "shard-000.log", 400)
+        extract_log = log_tail(results / "logs" / "extract" / "train" / "shard-000.log", 400)
         self.summary["workflow"] = {
             "samples": len(lengths),
             "tokens": int(sum(lengths)),
@@ -303,7 +296,7 @@ class Run:
         (self.out / "summary.md").write_text(self.render(self.summary))
         with open(self.out / "logs.txt", "w") as f:
             for p in dict.fromkeys(self.logs):
-                f.write(f"===== {p}\n{tail(p, 120)}\n")
+                f.write(f"===== {p}\n{log_tail(p, 120)}\n")
 
 
 def _lengths(store: Path) -> list[int]:

@@ -19,6 +19,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from eyrie.common.atomic import replace_folder
 from eyrie.sglang.launch import launcher
 from eyrie.sglang.patch import SERVER_MODULES
 from eyrie.sglang.patch.finder import SITECUSTOMIZE
@@ -67,9 +68,7 @@ def build_bundle(report_path: str | Path, out_dir: str | Path, **kwargs) -> dict
         launch = tmp / "launch.sh"
         launch.write_text(launch_script(manifest))
         launch.chmod(0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        replace_folder(tmp, out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -9,11 +9,11 @@ run on the same chat samples (their real lengths).
 
 The baseline runs the target on exactly the batches extraction runs (same samples, same padding,
 same order), with no hooks and nothing kept: the cost any capture must pay. Extraction is timed
-by eyrie.extract.shard itself, without its setup (model load, tokenization, hashing): capture (forward
-with hooks up to the final norm, copies to the CPU) plus write (bf16 bits, compression, commits).
-Both use the same loaded, warmed-up model; runs alternate and the median of each is reported,
-with the machine. On a shared machine, run it when nothing else does: the ratio is only as
-steady as the CPU is free.
+by the extract job itself (eyrie.extract.job), without its setup (model load, tokenization,
+hashing): capture (forward with hooks up to the final norm, copies to the CPU) plus write (bf16
+bits, compression, commits). Both use the same loaded, warmed-up model; runs alternate and the
+median of each is reported, with the machine. On a shared machine, run it when nothing else
+does: the ratio is only as steady as the CPU is free.
 
     python benchmarks/bench_extract.py                    # shipped toy-llama, CPU
     python benchmarks/bench_extract.py --device cuda --samples 512 --width toy realistic
@@ -39,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tiny_target, for a stand-in when toy-llama is absent
 
-from eyrie.extract.shard import _batches, _groups, _tokenize, extract_shard, read_split  # noqa: E402
+from eyrie.extract.job import batches, groups_to_do  # noqa: E402
+from eyrie.extract.shard import extract_shard  # noqa: E402
+from eyrie.extract.split import read_split, tokenize  # noqa: E402
 from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
 
@@ -141,11 +143,11 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     }
     extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": 16384}
     commit_every = max(args.batch_size, -(-args.commit_every // args.batch_size) * args.batch_size)
-    good, _ = _tokenize(target.tokenizer, read_split(data), args.max_tokens)
+    good, _ = tokenize(target.tokenizer, read_split(data), args.max_tokens)
     batches = [
         [group[i].input_ids for i in batch]
-        for group in _groups(good, commit_every, set(), set())
-        for batch in _batches(group, args.batch_size)
+        for group in groups_to_do(good, commit_every, set(), set())
+        for batch in batches(group, args.batch_size)
     ]
     pad = target.tokenizer.pad_token_id or 0
     tokens = sum(len(g.input_ids) for g in good)

@@ -1,17 +1,15 @@
 """Snakemake adapter for rule evaluate_sglang: SGLang's own acceptance and speed, or a
 "not run" record naming why (another capture backend, no GPU, no sglang, no SGLang export)."""
 
-import contextlib
-
 from eyrie.cli.evaluate import known_errors, run_online
+from eyrie.common.adapter import rule_log
 from eyrie.common.atomic import write_json
 from eyrie.evaluate.online import not_run
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
 ev = sm.params.evaluate
-error = None
-with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+with rule_log(sm, threads=False):
     try:
         if sm.params.backend == "sglang" and not sm.params.draft:
             rec = not_run("export.engines has no sglang: there is no SGLang drafter to serve")
@@ -33,8 +31,6 @@ with open(sm.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.re
                 if_possible=True,
             )
         print(rec.get("reason") or f"speedup {rec['speedup']:.2f}, accept {rec['accept_length']}")
-    except known_errors() as exc:
-        error = exc
+    except known_errors() as exc:  # the EyrieErrors rule_log ends the job with, and a missing file
         print(f"error: {exc}")
-if error is not None:
-    raise SystemExit(f"error: {error}")
+        raise SystemExit(f"error: {exc}") from None

@@ -1,4 +1,4 @@
-"""The wrapper chain live: the python parts of scripts/gpu_e2e_kimi.sh (eyrie/sglang/kimi_e2e.py).
+"""The wrapper chain live: the python parts of scripts/gpu_e2e_kimi.sh (tests/e2e/kimi_e2e.py).
 
 On a GPU with sglang: toy-kimi-k25 through the workflow's extract rule (capture.backend: sglang),
 validate with zero errors, parity with an independent transformers forward of the wrapper's
@@ -18,10 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from eyrie.sglang.e2e import StepError
-from eyrie.sglang.kimi_controls import no_delegation, remove_delegation
-from eyrie.sglang.kimi_e2e import main
+from e2e.harness import StepError
+from e2e.kimi_controls import no_delegation, remove_delegation
+from e2e.kimi_e2e import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -81,7 +80,7 @@ def test_the_same_steps_rehearsed_on_the_cpu(tmp_path):
 
 def test_verify_catches_a_wrapper_that_no_longer_delegates(tmp_path):
     """Control (a) without a server: the real 0.5.12 source, its delegation line removed."""
-    from eyrie.sglang.patch.bundle import build_manifest
+    from eyrie.sglang.patch.manifest import build_manifest
     from eyrie.target.toy.kimi import build
     from eyrie.verify.stage import run_stage
 

@@ -2,7 +2,7 @@
 
 Runs the workflow's extract rule with capture.backend: sglang on toy-deepseek through the
 installed SGLang, validates the store, compares it with the transformers backend's and measures
-the patch's throughput cost (eyrie/sglang/e2e.py). Skipped where CUDA or sglang is missing.
+the patch's throughput cost (tests/e2e/sglang_e2e.py). Skipped where CUDA or sglang is missing.
 With EYRIE_FULL_TESTS=1 the same steps are also rehearsed on the CPU against the stand-in server
 (about a minute and a half).
 """
@@ -15,8 +15,7 @@ import os
 
 import pytest
 import torch
-
-from eyrie.sglang.e2e import main
+from e2e.sglang_e2e import main
 
 
 def _gpu_and_sglang() -> str | None:

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from eyrie.extract.sglang import DumpFolder, SglangCapture, SglangError
-from eyrie.sglang.patch import dump as proto
-from eyrie.sglang.patch import hooks
+from eyrie.sglang.patch import dump, hooks
+from eyrie.sglang.patch import protocol as proto
 
 AUX = [3, 1]  # deliberately not sorted: slot j is aux id AUX[j]
 H = 8
@@ -95,7 +95,7 @@ def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return t - residual, residual
 
 
-def run_pass(d: proto.Dumper, batch, aux, final, skip_slot=None) -> None:
+def run_pass(d: dump.Dumper, batch, aux, final, skip_slot=None) -> None:
     d.start(batch)
     for slot in range(len(AUX)):
         if slot != skip_slot:
@@ -118,8 +118,8 @@ def setup(tmp_path):
     return settings, folder
 
 
-def dumper(settings, tp=None) -> proto.Dumper:
-    return proto.Dumper(settings, tp or proto.TensorParallel(), check=False)
+def dumper(settings, tp=None) -> dump.Dumper:
+    return dump.Dumper(settings, tp or dump.TensorParallel(), check=False)
 
 
 def files(folder: DumpFolder, suffix: str) -> list[str]:
@@ -206,7 +206,7 @@ def test_rank_other_than_zero_writes_nothing(setup):
         seen.append(t.shape)
         return [t, t.clone()]
 
-    d = dumper(settings, proto.TensorParallel(rank=1, size=2, gather=gather))
+    d = dumper(settings, dump.TensorParallel(rank=1, size=2, gather=gather))
     for spec in PASSES:
         run_pass(d, *make_batch(make_requests(), spec))
     assert files(folder, proto.CHUNK_SUFFIX) == [] and files(folder, proto.ERROR_SUFFIX) == []
@@ -216,7 +216,7 @@ def test_rank_other_than_zero_writes_nothing(setup):
 
 def test_states_that_differ_between_ranks_are_an_error(setup):
     settings, folder = setup
-    d = dumper(settings, proto.TensorParallel(0, 2, gather=lambda t: [t, t * 0.5 + 1]))
+    d = dumper(settings, dump.TensorParallel(0, 2, gather=lambda t: [t, t * 0.5 + 1]))
     reqs = make_requests()
     run_pass(d, *make_batch(reqs, PASSES[0]))
     assert files(folder, proto.CHUNK_SUFFIX) == []
@@ -304,7 +304,7 @@ def test_release_mismatch_stops_the_server_side(tmp_path, monkeypatch):
     (tmp_path / "m.json").write_text(json.dumps(manifest))
     settings = proto.load_settings(tmp_path / "m.json", dump_dir=str(tmp_path / "dump"))
     with pytest.raises(RuntimeError, match="differs from the one verified.*version.py"):
-        proto.Dumper(settings, proto.TensorParallel())
+        dump.Dumper(settings, dump.TensorParallel())
     status = DumpFolder(tmp_path / "dump", settings.manifest_sha256, tmp_path).statuses()
     assert status[0]["files_ok"] is False and status[0]["sglang_version"] == "9.9.9"
 

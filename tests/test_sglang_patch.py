@@ -24,15 +24,10 @@ import torch
 
 from eyrie.extract.sglang import DumpFolder, SglangError
 from eyrie.sglang.patch import SERVER_MODULES
-from eyrie.sglang.patch import dump as proto
-from eyrie.sglang.patch.bundle import (
-    PatchError,
-    build_bundle,
-    check_installed,
-    load_manifest,
-    server_args,
-    server_env,
-)
+from eyrie.sglang.patch import protocol as proto
+from eyrie.sglang.patch.bundle import build_bundle, check_installed, server_args, server_env
+from eyrie.sglang.patch.manifest import load_manifest
+from eyrie.sglang.patch.settings import PatchError
 from eyrie.verify.source import VerifyError, from_folder, locate
 from eyrie.verify.stage import check_sglang
 

@@ -1,6 +1,6 @@
 """The server lifecycle, and the SGLang backend end to end against the stand-in server.
 
-The stand-in (eyrie.sglang.patch.standin) serves SGLang's HTTP interface, batches and chunks
+The stand-in (tests/e2e/standin.py) serves SGLang's HTTP interface, batches and chunks
 prompts the way SGLang's scheduler does, and calls the bundle's hooks with states computed by a
 plain transformers forward. So the store the SGLang backend writes through it must equal, bit
 for bit, the store the transformers backend writes for the same samples. Everything here runs
@@ -27,20 +27,17 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from e2e.harness import STANDIN
+from e2e.standin import StandIn, serve
 from tiny_target import build_llama, write_split
 
 from eyrie.extract.sglang import SglangError
 from eyrie.extract.shard import Interrupted, extract_shard, read_errors
-from eyrie.sglang.patch.bundle import build_bundle, load_manifest
+from eyrie.sglang.launch import capture_command, check_server_args
+from eyrie.sglang.patch.bundle import build_bundle
 from eyrie.sglang.patch.hooks import hook_specs
-from eyrie.sglang.patch.standin import StandIn, serve
-from eyrie.sglang.server import (
-    ServerError,
-    SglangServer,
-    check_server_args,
-    free_port,
-    launch_command,
-)
+from eyrie.sglang.patch.manifest import load_manifest
+from eyrie.sglang.server import ServerError, SglangServer, free_port
 from eyrie.store.compare import compare
 from eyrie.verify.source import VerifyError, locate
 from eyrie.verify.stage import check_sglang
@@ -48,7 +45,6 @@ from eyrie.verify.stage import check_sglang
 N = 12
 MAX_TOKENS = 80
 EXTRACT = {"shards": 1, "chunk_tokens": 32, "shard_tokens": 256}
-STANDIN = [sys.executable, "-m", "eyrie.sglang.patch.standin"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,7 +108,7 @@ def test_sigterm_to_the_job_stops_the_server(tmp_path):
 
 
 def test_launch_flags():
-    cmd = launch_command("/m", 1234, tp=2, chunked_prefill_size=256, patch_args=["--x"])
+    cmd = capture_command("/m", 1234, tp=2, chunked_prefill_size=256, patch_args=["--x"])
     assert cmd[-1] == "--x" and "--attention-backend" in cmd
     assert cmd[cmd.index("--tp") + 1] == "2" and cmd[cmd.index("--port") + 1] == "1234"
     for bad, why in [

@@ -1,5 +1,5 @@
-"""toy-kimi-k25: the Kimi-K2.5 wrapper built by eyrie/target/toy/kimi.py, checked against what SGLang's
-source reads and against a plain transformers forward.
+"""toy-kimi-k25: the Kimi-K2.5 wrapper built by eyrie/target/toy/kimi.py, checked against what
+SGLang's source reads and against a plain transformers forward.
 
 SGLang facts are read from the real 0.5.12 release (the verify cache, fetched with pip download;
 skipped where that is impossible), by file path and AST: SGLang itself needs CUDA to import, but
@@ -220,7 +220,7 @@ def not_fitting(names, renames, tree, assigned) -> list[str]:
 def test_verify_names_the_same_chain_and_evidence_as_the_real_release(toy):
     """eyrie verify on the toy's folder against the verdict for the real architecture name
     (61 layers, Kimi-K2.5's): same chain, verdict, patch and file:line evidence per release."""
-    from eyrie.sglang.patch.bundle import build_manifest
+    from eyrie.sglang.patch.manifest import build_manifest
     from eyrie.verify.stage import check_sglang, run_stage
 
     keys = ("verdict", "why", "patch", "class", "entry", "capture_path", "layers_holder")

@@ -16,31 +16,17 @@ from __future__ import annotations
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from eyrie.common import atomic
 from eyrie.common.errors import EyrieError
+from eyrie.sglang import http
+from eyrie.sglang.launch import LAUNCHER, ONLINE_SERVER_ARGS, online_command
 from eyrie.sglang.server import ServerError, SglangServer, ready_server
 from eyrie.sglang.server import free_port as free_port  # for a Server started by hand
 
-# The flags seen working with SGLang 0.5.12 on one H200 (shared/gpu/README.md): CUDA graphs on
-# (as deployed; the eager mode adds --disable-cuda-graph), no piecewise graphs, no xgrammar.
-DEFAULT_SERVER_ARGS = [
-    "--attention-backend",
-    "triton",
-    "--disable-piecewise-cuda-graph",
-    "--grammar-backend",
-    "none",
-    "--sampling-backend",
-    "pytorch",
-    "--tp",
-    "1",
-    "--mem-fraction-static",
-    "0.5",
-]
-LAUNCHER = [sys.executable, "-m", "sglang.launch_server"]
+DEFAULT_SERVER_ARGS = ONLINE_SERVER_ARGS  # evaluate.sglang.server_args: null
 EAGER_FLAG = "--disable-cuda-graph"
 # evaluate.sglang.cuda_graph -> the modes measured, the headline one first
 MODES = {True: ("cuda_graph",), False: ("eager",), "both": ("cuda_graph", "eager")}
@@ -50,32 +36,7 @@ class OnlineError(EyrieError, RuntimeError):
     """The server could not be started or answered wrongly; the message says what to do."""
 
 
-def server_command(
-    model_path,
-    port: int,
-    *,
-    draft_path=None,
-    draft_tokens: int = 3,
-    server_args: Sequence[str] = DEFAULT_SERVER_ARGS,
-    launcher: Sequence[str] = LAUNCHER,
-) -> list[str]:
-    """The launch command; with ``draft_path``, EAGLE-3 chains of ``draft_tokens`` drafts."""
-    cmd = [*launcher, "--model-path", str(model_path), "--skip-tokenizer-init"]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), *server_args]
-    if draft_path is not None:
-        cmd += [
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            str(draft_path),
-            "--speculative-num-steps",
-            str(draft_tokens),
-            "--speculative-eagle-topk",
-            "1",
-            "--speculative-num-draft-tokens",
-            str(draft_tokens + 1),
-        ]
-    return cmd
+server_command = online_command  # the launch command of one server (eyrie.sglang.launch)
 
 
 def modes_of(cuda_graph) -> tuple[str, ...]:
@@ -116,16 +77,16 @@ class Server(SglangServer):
 
 
 def post_json(url: str, payload: dict, timeout: float = 600.0) -> dict:
-    req = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
-    )
+    """The parsed answer of a JSON POST; any failure or error status raises OnlineError."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode())
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace")[:500]
-        raise OnlineError(f"POST {url} answered {exc.code}: {body}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        status, text = http.post(url, payload, timeout)
+    except http.HttpError as exc:
+        raise OnlineError(str(exc)) from None
+    if not http.ok(status):
+        raise OnlineError(f"POST {url} answered {status}: {text[:500]}")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
         raise OnlineError(f"POST {url} failed: {exc}") from None
 
 
@@ -151,7 +112,8 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, rid: str) -> d
 
 
 def measure(url: str, prompts: list[dict], max_new_tokens: int, tag: str) -> dict:
-    """Each prompt in turn (batch 1, as eyrie.evaluate.speculate): outputs, timings and accept lengths."""
+    """Each prompt in turn (batch 1, as eyrie.evaluate.speculate): outputs, timings and accept
+    lengths."""
     rows = []
     for i, p in enumerate(prompts):
         r = generate(url, p["input_ids"], max_new_tokens, f"eyrie-{tag}-{i}")
@@ -335,8 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"online SGLang: {exc}", file=sys.stderr)
         return 1
     rec["machine"] = machine()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rec, indent=1) + "\n")
+    atomic.write_json(args.out, rec)
     for mode, m in rec["modes"].items():
         print(
             f"SGLang ({mode}): plain {m['plain_tokens_per_s']:.1f} tok/s | EAGLE-3 "

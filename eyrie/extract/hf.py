@@ -13,11 +13,13 @@ that routes around the hooked modules shows up, instead of as silently wrong dat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from eyrie.common.errors import EyrieError
+from eyrie.extract.job import Prepared, batches
 from eyrie.target.layers import check_aux_layer_ids, find_decoder_layers, find_final_norm
 
 
@@ -177,3 +179,57 @@ class HFCapture:
                 "one forward pass (expected once)"
             )
         return [self._aux[s][0] for s in range(len(self.aux_layer_ids))], self._final[0]
+
+
+class HFBackend:
+    """The extract job's capture (eyrie.extract.job.Capture) with the target loaded here.
+
+    Batches of a commit group are captured on this thread; their copies to the host finish on
+    the writer thread, while the next group's forward passes run (at most `writer_queue`
+    captured groups wait for it; 0 writes on this thread).
+    """
+
+    backend, label = "hf", ""
+    seconds_keys = ("setup", "capture", "write", "wait", "total")
+
+    def __init__(self, capture: dict, *, architecture=None, target=None, writer_queue: int = 1):
+        self.capture_cfg, self.architecture = capture, architecture
+        self.target, self.writer_queue = target, writer_queue
+        self.aux_ids: list[int] = []
+
+    def prepare(self, target_path, aux_ids: list[int]):
+        from eyrie.target.load import load_target
+
+        if self.target is None:
+            device = self.capture_cfg.get("device", "auto")
+            self.target = load_target(target_path, device=device, architecture=self.architecture)
+        self.aux_ids = aux_ids
+        t = self.target
+        hidden = int(t.model.config.get_text_config().hidden_size)
+        return Prepared(t.tokenizer, t.architecture, t.device, t.dtype, hidden)
+
+    @contextmanager
+    def session(self, todo: bool, batch_size: int):
+        pad_id = self.target.tokenizer.pad_token_id
+        with HFCapture(self.target.model, self.aux_ids, pad_token_id=pad_id) as cap:
+
+            def submit(group):
+                captured = [
+                    (batch, cap.capture_pending([group[i].input_ids for i in batch]))
+                    for batch in batches(group, batch_size)
+                ]
+
+                def resolve() -> list:
+                    results = {
+                        i: out
+                        for batch, pending in captured
+                        for i, out in zip(batch, pending.result(), strict=True)
+                    }
+                    return [results[i] for i in range(len(group))]
+
+                return resolve
+
+            yield submit
+
+    def finish(self, outcome) -> None:
+        pass

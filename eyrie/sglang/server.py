@@ -1,6 +1,7 @@
-"""The SGLang server of one extract job: started, watched, and always stopped.
+"""An SGLang server Eyrie launched: started, watched, and always stopped.
 
-`python -m sglang.launch_server` runs on 127.0.0.1 and a free port SGLang accepts (below 55535,
+The command line comes from eyrie.sglang.launch. `python -m sglang.launch_server` runs on
+127.0.0.1 and a free port SGLang accepts (below 55535,
 with port + 10000, where SGLang 0.5.12 puts its gRPC port, free too), in its own process group
 (SGLang starts scheduler and detokenizer processes; stopping the group reaches them all), with
 its output in a log file. Readiness is GET /health answering 200 within a timeout; a server
@@ -26,38 +27,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from eyrie.common.errors import EyrieError
+from eyrie.sglang.http import http_ok
 
 log = logging.getLogger(__name__)
-
-LAUNCHER = [sys.executable, "-m", "sglang.launch_server"]
-# Flags seen working with SGLang 0.5.12 on one H200 (shared notes); the patch's own flags
-# (no radix cache, eager execution, token ids in and out) come from the bundle's manifest.
-DEFAULT_SERVER_ARGS = [
-    "--attention-backend",
-    "triton",
-    "--grammar-backend",
-    "none",
-    "--sampling-backend",
-    "pytorch",
-    "--mem-fraction-static",
-    "0.5",
-]
-# Flags under which hooked states are wrong or cannot be tied to requests.
-REFUSED = {
-    "--enable-two-batch-overlap": "splits a pass in two sub-batches",
-    "--enable-dp-attention": "scatters a pass's tokens over ranks",
-    "--speculative-algorithm": "runs draft and verify passes through the target",
-    "--enable-torch-compile": "compiled modules do not run Python hooks",
-    "--enable-piecewise-cuda-graph": "graph replays do not run Python hooks",
-}
-# Flags whose value must stay 1.
-SINGLE = ("--pp-size", "--pipeline-parallel-size", "--dp-size", "--dp", "--data-parallel-size")
-OWNED = ("--host", "--port", "--model-path", "--tp", "--tp-size", "--forward-hooks")
 
 
 class ServerError(EyrieError, RuntimeError):
@@ -106,52 +81,6 @@ def log_tail(path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
 
-def check_server_args(args: list[str]) -> None:
-    """Refuse configured flags that break capture, or that the job sets itself."""
-    for i, arg in enumerate(args):
-        name, _, inline = arg.partition("=")
-        if name in REFUSED:
-            raise ServerError(
-                f"capture.sglang.server_args: {name} {REFUSED[name]}, which capture cannot "
-                "follow; remove it"
-            )
-        if name in OWNED:
-            raise ServerError(
-                f"capture.sglang.server_args: {name} is set by the extract job itself "
-                "(use capture.sglang.tp for the tensor-parallel size); remove it"
-            )
-        if name in SINGLE:
-            value = inline or (args[i + 1] if i + 1 < len(args) else "")
-            if value != "1":
-                raise ServerError(
-                    f"capture.sglang.server_args: {name} {value}: capture supports one "
-                    "pipeline stage and one data-parallel replica per server; use 1"
-                )
-
-
-def launch_command(
-    model_path,
-    port: int,
-    *,
-    launcher: list[str] | None = None,
-    tp: int = 1,
-    chunked_prefill_size: int | None = None,
-    dtype: str | None = None,
-    server_args: list[str] | None = None,
-    patch_args: list[str] | None = None,
-) -> list[str]:
-    """The launch command line: ours first, then the configured flags, then the patch's."""
-    extra = list(DEFAULT_SERVER_ARGS if server_args is None else server_args)
-    check_server_args(extra)
-    cmd = [*(launcher or LAUNCHER), "--model-path", str(model_path)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--tp", str(int(tp))]
-    if chunked_prefill_size:
-        cmd += ["--chunked-prefill-size", str(int(chunked_prefill_size))]
-    if dtype and dtype != "auto":
-        cmd += ["--dtype", dtype]
-    return cmd + extra + list(patch_args or [])
-
-
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if sys.platform.startswith("linux"):
         try:
@@ -168,14 +97,6 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:  # pragma: no cover - not ours
         return True
     return True
-
-
-def http_ok(url: str, timeout: float = 5.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 class SglangServer:

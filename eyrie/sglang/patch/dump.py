@@ -1,394 +1,42 @@
-"""The dump protocol, as it runs inside an SGLang server process.
+"""The dumper: one forward pass's hooked states become one chunk file per kept request.
 
-Imports only the standard library, torch and safetensors: the patch bundle copies this file, and
-the server imports it from there without Eyrie installed.
-
-One forward pass in EXTEND mode holds the prompt tokens of several requests, one after another
-on the token axis: request j has `extend_seq_lens_cpu[j]` rows, which are its tokens from
-`extend_prefix_lens_cpu[j]` on (chunked prefill cuts a long prompt into several passes). Only
-requests whose rid starts with the workflow's prefix are kept; health checks and the server's
-warm-up request are prefills too and are ignored. For each kept request the pass's rows become
-one chunk file; the client joins a request's chunks by their prefix length.
-
-Files in the dump folder (names are safe whatever the rid holds):
-- `<key>.<prefix, 10 digits>.safetensors`: one chunk. Tensors `aux` (n, k, H) in the order of
-  the configured aux ids, `final` (n, H), `input_ids` (n,) and `positions` (n,) int64; metadata
-  `rid`, `prefix`, `tokens` and where it was written. key = sha256(rid)[:32].
-- `<key>.error.json`: the request cannot be dumped correctly (a radix-cache prefix hit, a gap
-  between chunks, a layer output not yet all-reduced, ...); the client stops on it.
-- `status-<pid>.json`: written when the patch loads in a server process; problems seen later
-  (a hook that finds no ForwardBatch, say) are added to it.
-Every file is written under a name starting with "." and renamed into place, so a reader never
-sees half a file. Only tensor-parallel rank 0 writes chunks and errors.
+Runs inside the server (see protocol.py for the files it writes): standard library, torch and
+safetensors only, relative imports.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import os
 import sys
 import time
-import uuid
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-FORMAT = "eyrie-dump-1"
-KEY_CHARS = 32
-CHUNK_SUFFIX = ".safetensors"
-ERROR_SUFFIX = ".error.json"
-STATUS_PREFIX = "status-"
-PREFIX_DIGITS = 10
-# Tolerance of the cross-rank check: replicated states agree to the bit; partial sums of an
-# all-reduce that has not happened yet differ by their own size.
-TP_RTOL = 1e-3
-
-
-class ProtocolError(RuntimeError):
-    """The server's batch does not have the shape the protocol relies on."""
-
-
-# ---------------------------------------------------------------------------------------------
-# names
-
-
-def rid_key(rid: str) -> str:
-    return hashlib.sha256(rid.encode("utf-8")).hexdigest()[:KEY_CHARS]
-
-
-def chunk_name(rid: str, prefix: int) -> str:
-    return f"{rid_key(rid)}.{int(prefix):0{PREFIX_DIGITS}d}{CHUNK_SUFFIX}"
-
-
-def error_name(rid: str) -> str:
-    return f"{rid_key(rid)}{ERROR_SUFFIX}"
-
-
-def parse_chunk_name(name: str) -> tuple[str, int] | None:
-    """(key, prefix) of a chunk file name; None for any other name."""
-    if name.startswith(".") or not name.endswith(CHUNK_SUFFIX):
-        return None
-    key, _, prefix = name[: -len(CHUNK_SUFFIX)].partition(".")
-    if len(key) != KEY_CHARS or len(prefix) != PREFIX_DIGITS or not prefix.isdigit():
-        return None
-    return key, int(prefix)
-
-
-# ---------------------------------------------------------------------------------------------
-# files
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def write_json_atomic(path: str | Path, obj: dict) -> None:
-    path = Path(path)
-    tmp = _tmp_name(path)
-    try:
-        tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def save_chunk(path: str | Path, tensors: dict, metadata: dict) -> None:
-    """A chunk as safetensors (no pickle), written under a temporary name and renamed."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    tmp = _tmp_name(path)
-    try:
-        save_file(
-            {k: v.detach().contiguous() for k, v in tensors.items()},
-            str(tmp),
-            metadata={k: str(v) for k, v in metadata.items()},
-        )
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def ensure_private_dir(path: str | Path) -> Path:
-    """The dump folder, created with mode 0700; an existing one must be ours and private."""
-    path = Path(path)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(
-            f"dump folder {path} belongs to another user; choose a folder of your own"
-        )
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# the installed SGLang, as this process sees it
-
-
-def sglang_package_dir() -> Path | None:
-    """The sglang package folder: the imported one, else where an import would find it."""
-    mod = sys.modules.get("sglang")
-    paths = list(getattr(mod, "__path__", []) or []) if mod is not None else []
-    if not paths:
-        try:
-            spec = importlib.util.find_spec("sglang")
-        except (ImportError, ValueError):
-            spec = None
-        paths = list(spec.submodule_search_locations or []) if spec else []
-    return Path(paths[0]) if paths else None
-
-
-def sglang_version(package: Path | None) -> str:
-    mod = sys.modules.get("sglang")
-    if getattr(mod, "__version__", None):
-        return str(mod.__version__)
-    if package is not None and (package / "version.py").is_file():
-        for line in (package / "version.py").read_text().splitlines():
-            if line.startswith("__version__"):
-                return line.split("=", 1)[1].strip().strip("\"'")
-    return "unknown"
-
-
-def compare_files(root: Path, files: dict[str, str]) -> list[str]:
-    """Files (relative to the folder above sglang/) that differ from the recorded sha256."""
-    bad = []
-    for rel, digest in sorted(files.items()):
-        p = root / rel
-        if not p.is_file():
-            bad.append(f"{rel} (missing)")
-        elif sha256_file(p) != digest:
-            bad.append(f"{rel} (changed)")
-    return bad
-
-
-# ---------------------------------------------------------------------------------------------
-# settings
-
-
-@dataclass
-class Settings:
-    """What the server-side code needs: the bundle's manifest and this server's dump folder."""
-
-    manifest: dict
-    manifest_sha256: str
-    dump_dir: Path
-    rid_prefix: str
-    mechanism: str
-
-    @property
-    def aux_layer_ids(self) -> list[int]:
-        return [int(i) for i in self.manifest["aux_layer_ids"]]
-
-
-def load_settings(
-    manifest_path: str | Path,
-    *,
-    dump_dir: str | None = None,
-    rid_prefix: str | None = None,
-    mechanism: str | None = None,
-) -> Settings:
-    manifest_path = Path(manifest_path)
-    raw = manifest_path.read_bytes()
-    manifest = json.loads(raw)
-    dump = dump_dir or manifest.get("dump_dir")
-    if not dump:
-        raise ValueError(
-            f"no dump folder: {manifest_path} has none and the server was given none "
-            "(hook config 'dump_dir' or EYRIE_PATCH_DUMP_DIR)"
-        )
-    return Settings(
-        manifest=manifest,
-        manifest_sha256=hashlib.sha256(raw).hexdigest(),
-        dump_dir=Path(dump),
-        rid_prefix=rid_prefix or manifest.get("rid_prefix") or "eyrie-",
-        mechanism=mechanism or manifest.get("mechanism", "unknown"),
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# the batch
-
-
-@dataclass
-class Segment:
-    rid: str
-    start: int  # first row of this request in the pass
-    length: int  # rows (tokens) of this request in the pass
-    prefix: int  # tokens of this request before this pass
-
-
-def _ints(values) -> list[int] | None:
-    if values is None:
-        return None
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    return [int(v) for v in values]
-
-
-def is_extend(batch) -> bool:
-    mode = getattr(batch, "forward_mode", None)
-    check = getattr(mode, "is_extend", None)
-    return bool(check()) if callable(check) else False
-
-
-def batch_segments(batch, rid_prefix: str) -> tuple[list[Segment], int]:
-    """Our requests in an EXTEND pass and the pass's token count; ([], 0) for other passes."""
-    if batch is None or not is_extend(batch):
-        return [], 0
-    rids = getattr(batch, "rids", None)
-    if rids is None:
-        raise ProtocolError(
-            "the ForwardBatch carries no rids, so requests cannot be told apart; this release "
-            "needs the import_hook mechanism, which adds them"
-        )
-    rids = list(rids)
-    if not any(isinstance(r, str) and r.startswith(rid_prefix) for r in rids):
-        return [], 0
-    seq = _ints(getattr(batch, "extend_seq_lens_cpu", None))
-    pre = _ints(getattr(batch, "extend_prefix_lens_cpu", None))
-    if seq is None or pre is None or len(seq) != len(rids) or len(pre) != len(rids):
-        raise ProtocolError(
-            f"an EXTEND pass with {len(rids)} rids has extend_seq_lens_cpu={seq} and "
-            f"extend_prefix_lens_cpu={pre}; both must list one length per request"
-        )
-    out, start = [], 0
-    for rid, n, p in zip(rids, seq, pre, strict=True):
-        if isinstance(rid, str) and rid.startswith(rid_prefix) and n > 0:
-            out.append(Segment(rid, start, n, p))
-        start += n
-    return out, start
-
-
-def find_batch(args, kwargs=None):
-    """The ForwardBatch among a module's inputs (found by what it has, not by its class)."""
-    for value in list(args) + list((kwargs or {}).values()):
-        if hasattr(value, "forward_mode") and hasattr(value, "extend_seq_lens_cpu"):
-            return value
-    return None
-
-
-def first_tensor(output) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise ProtocolError(f"a hooked module returned {type(output).__name__}, not a tensor")
-
-
-def layer_output(output) -> tuple[torch.Tensor, bool]:
-    """(the output of a decoder layer, whether SGLang left its all-reduce to the next layer).
-
-    SGLang's decoder layers return (hidden_states, residual, ...) with the residual add fused
-    into the next norm, so the layer's output is their sum.
-    """
-    hidden = first_tensor(output)
-    pending = bool(getattr(hidden, "_sglang_needs_allreduce_fusion", False))
-    if isinstance(output, (tuple, list)) and len(output) > 1:
-        residual = output[1]
-        if isinstance(residual, torch.Tensor):
-            return hidden + residual, pending
-    return hidden, pending
-
-
-# ---------------------------------------------------------------------------------------------
-# chunk order
-
-
-class ChunkTracker:
-    """The next expected prefix length of each request, to catch radix-cache hits and gaps."""
-
-    def __init__(self, limit: int = 1 << 16):
-        self._next: OrderedDict[str, int] = OrderedDict()
-        self.limit = limit
-
-    def check(self, rid: str, prefix: int, length: int) -> tuple[str, str] | None:
-        expected = self._next.get(rid)
-        if prefix == 0:
-            self._next[rid] = length
-        elif expected is None:
-            return (
-                "radix_prefix_hit",
-                f"its first pass starts at token {prefix}: the server took the first {prefix} "
-                "tokens from its prefix cache, so their states were never computed here. Start "
-                "the server with --disable-radix-cache",
-            )
-        elif expected != prefix:
-            return (
-                "chunk_gap",
-                f"a pass starts at token {prefix} but the previous one ended at {expected}",
-            )
-        else:
-            self._next[rid] = prefix + length
-        self._next.move_to_end(rid)
-        while len(self._next) > self.limit:
-            self._next.popitem(last=False)
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# tensor parallelism
-
-
-@dataclass
-class TensorParallel:
-    """This process's tensor-parallel rank, and how to gather a small tensor from every rank."""
-
-    rank: int = 0
-    size: int = 1
-    gather: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
-
-    def agree(self, rows: torch.Tensor) -> bool:
-        """Whether every rank holds the same rows (checked on a per-row fingerprint)."""
-        if self.size <= 1 or self.gather is None:
-            return True
-        fingerprint = rows.float().sum(dim=-1)
-        parts = self.gather(fingerprint)
-        scale = float(parts[0].abs().max()) if parts[0].numel() else 0.0
-        atol = TP_RTOL * max(scale, 1.0)
-        return all(torch.allclose(p, parts[0], rtol=TP_RTOL, atol=atol) for p in parts[1:])
-
-
-def sglang_tensor_parallel() -> TensorParallel:
-    """The rank and group of SGLang's tensor-parallel world; rank 0 of 1 outside a server.
-
-    Only asked of an SGLang already imported (a server has set up its groups before it builds
-    the model); importing SGLang here would be slow and could fail outside a server.
-    """
-    dist = sys.modules.get("sglang.srt.distributed")
-    if dist is None:
-        return TensorParallel()
-    try:
-        size = int(dist.get_tensor_model_parallel_world_size())
-        rank = int(dist.get_tensor_model_parallel_rank())
-        get_tp_group = dist.get_tp_group
-    except Exception:  # distributed not set up in this process
-        return TensorParallel()
-    if size <= 1:
-        return TensorParallel(rank, 1)
-    group = get_tp_group().device_group
-
-    def gather(t: torch.Tensor) -> list[torch.Tensor]:
-        out = [torch.empty_like(t) for _ in range(size)]
-        torch.distributed.all_gather(out, t.contiguous(), group=group)
-        return out
-
-    return TensorParallel(rank, size, gather)
-
+from .batch import (
+    ChunkTracker,
+    Segment,
+    TensorParallel,
+    batch_segments,
+    first_tensor,
+    layer_output,
+    sglang_tensor_parallel,
+)
+from .protocol import (
+    FORMAT,
+    STATUS_PREFIX,
+    ProtocolError,
+    Settings,
+    chunk_name,
+    compare_files,
+    ensure_private_dir,
+    error_name,
+    save_chunk,
+    sglang_package_dir,
+    sglang_version,
+    write_json_atomic,
+)
 
 # ---------------------------------------------------------------------------------------------
 # the dumper

@@ -139,7 +139,7 @@ class ModelPatch:
         self.dumper = None
 
     def check_release(self) -> None:
-        from .dump import compare_files, sglang_package_dir
+        from .protocol import compare_files, sglang_package_dir
 
         package = sglang_package_dir()
         files = self.manifest["sglang"]["files"]
@@ -172,7 +172,9 @@ class ModelPatch:
         cls.__init__ = __init__
 
     def enable(self, model) -> None:
-        from .dump import Dumper, find_batch, first_tensor, load_settings
+        from .batch import find_batch, first_tensor
+        from .dump import Dumper
+        from .protocol import load_settings
 
         call_on, holder_path = self.spec["call_on"], self.spec["holder"]
         target = resolve(model, call_on)

@@ -58,7 +58,8 @@ def hook_specs(manifest: dict, manifest_path: str, dump_dir: str, rid_prefix: st
 
 def shared_dumper(config: dict, mechanism: str):
     """One dumper per (manifest, dump folder, rid prefix) in this process."""
-    from .dump import Dumper, load_settings  # torch: not needed to print the specs
+    from .dump import Dumper  # torch: not needed to print the specs
+    from .protocol import load_settings
 
     key = (str(config["manifest"]), str(config.get("dump_dir")), str(config.get("rid_prefix")))
     if key not in _DUMPERS:
@@ -86,7 +87,7 @@ def make_hook(config: dict):
     role = config.get("role")
     if role not in ROLES:
         raise ValueError(f"eyrie capture hook: role {role!r} is not one of {ROLES}")
-    from .dump import find_batch
+    from .batch import find_batch
 
     dumper = shared_dumper(config, "forward_hooks")
 

@@ -1,27 +1,13 @@
-"""The SGLang backend end to end on a GPU: workflow extract, validate, transformers comparison,
-and the cost of the patch in throughput. Run by scripts/gpu_e2e_sglang.sh.
+"""The steps an end-to-end run of the SGLang backend is made of, shared by its variants.
 
-1. build toy-deepseek (MLA + MoE, seeded random weights; the size SGLang was seen serving);
-2. run the workflow itself (snakemake: prepare_dataset, verify_env, patch_server, extract with
-   capture.backend: sglang, validate_shard) on tests/configs/gpu-sglang.yaml: 240 samples,
-   SGLang's --chunked-prefill-size 256, so long prompts arrive in several passes;
-3. require zero validation errors;
-4. extract the same samples with the transformers backend (cuda, bf16) and compare the stores:
-   identical input_ids, mean per-token cosine >= 0.999 on every aux layer and the final state;
-5. time the same requests against a patched and an unpatched server (same flags otherwise):
-   the throughput ratio is the patch's cost;
-6. force the other mechanism, the import hook, on the same release and check that SGLang's own
-   aux capture, switched on by the finder, gives the states the forward hooks gave.
-
-`--standin` rehearses all of it on the CPU with the transformers-backed stand-in server and a
-tiny toy-deepseek, reading SGLang 0.5.12's source from the verify cache (pip:0.5.12).
-Writes at most 8 files to --out: summary.json, summary.md, compare.json, validate.json,
-manifest.json, logs.txt.
+Each step runs in its own process group where it starts processes (`run_cmd`, the same handling
+as an SGLang server's), is timed, and fills the run's summary; a failing step raises StepError
+with the log tail that explains it. `finish` writes the summary (JSON, markdown, log tails)
+however the run ended.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -29,7 +15,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -39,9 +24,14 @@ from pathlib import Path
 
 import yaml
 
+from eyrie.sglang.http import post_json
+from eyrie.sglang.launch import capture_command, launcher
+from eyrie.sglang.patch.settings import sglang_settings
+from eyrie.sglang.server import log_tail, ready_server
+
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "tests" / "configs" / "gpu-sglang.yaml"
-STANDIN = [sys.executable, "-m", "eyrie.sglang.patch.standin"]
+# capture.sglang.launcher of a CPU rehearsal: the transformers-backed stand-in server
+STANDIN = [sys.executable, str(Path(__file__).resolve().with_name("standin.py"))]
 
 
 class StepError(RuntimeError):
@@ -65,13 +55,6 @@ def versions() -> dict:
     return out
 
 
-def tail(path, lines: int = 60) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no {path})"
-
-
 def run_cmd(cmd: list[str], log: Path, timeout: float, env=None) -> None:
     """Run a command in its own process group, logged; its whole group is stopped however this
     ends (an error, the time budget, or SIGTERM to this process)."""
@@ -85,17 +68,23 @@ def run_cmd(cmd: list[str], log: Path, timeout: float, env=None) -> None:
         try:
             code = proc.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            why = f"{cmd[:4]} ran past {timeout:.0f} s; log {log}:\n{tail(log)}"
+            why = f"{cmd[:4]} ran past {timeout:.0f} s; log {log}:\n{log_tail(log, 60)}"
             raise StepError(why) from None
         finally:
             if proc.proc.poll() is None:
                 os.killpg(proc.proc.pid, signal.SIGTERM)  # snakemake cancels its jobs
     if code != 0:
-        raise StepError(f"{cmd[:4]} exited {code}; log {log}:\n{tail(log)}")
+        raise StepError(f"{cmd[:4]} exited {code}; log {log}:\n{log_tail(log, 60)}")
 
 
 class Run:
-    config_file = CONFIG  # the workflow config the run starts from
+    """One end-to-end run: its steps, their timings and the summary they fill.
+
+    A subclass names the workflow config it starts from (`config_file`) and how its summary
+    reads (`render`)."""
+
+    config_file: Path
+    render = staticmethod(lambda summary: json.dumps(summary, indent=1) + "\n")
 
     def __init__(self, out: Path, work: Path, standin: bool, budget_s: float, tp=None):
         self.out, self.work, self.standin, self.tp = out, work, standin, tp
@@ -180,7 +169,7 @@ class Run:
         try:
             run_cmd(cmd, log, self.left(), env=self.env())
         except StepError as exc:
-            jobs = "\n".join(f"--- {p}\n{tail(p, 40)}" for p in self.logs[1:] if p.exists())
+            jobs = "\n".join(f"--- {p}\n{log_tail(p, 40)}" for p in self.logs[1:] if p.exists())
             raise StepError(f"{exc}\n{jobs}") from None
         report = json.loads(want.read_text())
         shutil.copyfile(want, self.out / "validate.json")
@@ -189,7 +178,7 @@ class Run:
         store = results / "store" / "train" / "shard-000.zarr"
         chunk = self.config["capture"]["sglang"]["chunked_prefill_size"]
         lengths = _lengths(store)
-        extract_log = tail(results / "logs" / "extract" / "train" / "shard-000.log", 400)
+        extract_log = log_tail(results / "logs" / "extract" / "train" / "shard-000.log", 400)
         self.summary["workflow"] = {
             "samples": len(lengths),
             "tokens": int(sum(lengths)),
@@ -304,10 +293,10 @@ class Run:
     def write(self) -> None:
         self.summary["seconds"] = round(time.monotonic() - self.t0, 1)
         (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1) + "\n")
-        (self.out / "summary.md").write_text(markdown(self.summary))
+        (self.out / "summary.md").write_text(self.render(self.summary))
         with open(self.out / "logs.txt", "w") as f:
             for p in dict.fromkeys(self.logs):
-                f.write(f"===== {p}\n{tail(p, 120)}\n")
+                f.write(f"===== {p}\n{log_tail(p, 120)}\n")
 
 
 def _lengths(store: Path) -> list[int]:
@@ -340,76 +329,72 @@ def served(run: Run, name: str, bundle: Path | None, manifest: dict):
     Patched: send captures the samples (dumps read back and checked) and returns their
     (aux, final). Unpatched: the same requests, answers only.
     """
-    from eyrie.extract.sglang import DumpFolder, SglangCapture, post_json
-    from eyrie.sglang.patch.bundle import server_args, server_env, sglang_settings
-    from eyrie.sglang.patch.dump import sha256_file
-    from eyrie.sglang.server import launch_command, ready_server
+    from eyrie.extract.sglang import SglangCapture, patched_server
 
     cfg = run.config
     s = sglang_settings(cfg["capture"])
-    dump = Path(tempfile.mkdtemp(prefix=f"eyrie-{name}-", dir=_dump_root(s)))
     prefix = f"{s['rid_prefix']}{name}:"
-    base = run.env()
+    log = run.work / "logs" / f"{name}.log"
+    run.logs.append(log)
+    timeout = min(float(s["launch_timeout_s"]), run.left())
     if bundle is not None:
-        env = server_env(bundle, manifest, dump, prefix, base)
-        extra = server_args(bundle, manifest, dump, prefix)
-    else:
-        env, extra = base, list(manifest["server_flags"])  # the same eager, cache-free server
+        settings = {**s, "url": None, "dump_dir": None, "launch_timeout_s": timeout}
+        with patched_server(
+            bundle=bundle,
+            manifest=manifest,
+            target_path=cfg["target"]["path"],
+            settings=settings,
+            rid_prefix=prefix,
+            log_path=log,
+            base_env=run.env(),
+        ) as (url, folder):
+            cap = SglangCapture(url, folder, s, prefix)
 
-    def command(port: int) -> list[str]:
-        return launch_command(
+            def send(batch, tag):
+                return cap.capture([(f"{tag}{sid}", ids) for sid, ids in batch])
+
+            send.ready_s = round(folder.server.ready_s, 1)
+            try:
+                yield send
+            finally:
+                cap.close()
+        return
+
+    def command(port: int) -> list[str]:  # the same eager, cache-free server, unpatched
+        return capture_command(
             cfg["target"]["path"],
             port,
-            launcher=s["launcher"] or [s["python"] or sys.executable, "-m", "sglang.launch_server"],
+            launcher=s["launcher"] or launcher(s["python"]),
             tp=s["tp"],
             chunked_prefill_size=s["chunked_prefill_size"],
             dtype=s["dtype"],
             server_args=s["server_args"],
-            patch_args=extra,
+            patch_args=list(manifest["server_flags"]),
         )
 
     command(0)  # refuses bad configured flags before anything starts
-    log = run.work / "logs" / f"{name}.log"
-    run.logs.append(log)
     pool = ThreadPoolExecutor(int(s["concurrency"]))
     try:
-        timeout = min(float(s["launch_timeout_s"]), run.left())
-        with ready_server(command, log, timeout, env=env) as server:
-            ready = server.ready_s
-            if bundle is not None:
-                folder = DumpFolder(dump, sha256_file(bundle / "manifest.json"), bundle)
-                folder.server, folder.server_log = server, log
-                folder.check_loaded(manifest["mechanism"], prefix)
-                cap = SglangCapture(server.url, folder, s, prefix)
+        with ready_server(command, log, timeout, env=run.env()) as server:
 
-                def send(batch, tag):
-                    return cap.capture([(f"{tag}{sid}", ids) for sid, ids in batch])
+            def one(item):
+                rid, ids = item
+                payload = {
+                    "input_ids": [int(i) for i in ids],
+                    "rid": rid,
+                    "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                }
+                code, body = post_json(f"{server.url}/generate", payload, 300)
+                if code != 200:
+                    raise StepError(f"the unpatched server answered {code}: {body}")
 
-            else:
+            def send(batch, tag):
+                return list(pool.map(one, [(f"{prefix}{tag}{sid}", ids) for sid, ids in batch]))
 
-                def one(item):
-                    rid, ids = item
-                    payload = {
-                        "input_ids": [int(i) for i in ids],
-                        "rid": rid,
-                        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-                    }
-                    code, body = post_json(f"{server.url}/generate", payload, 300)
-                    if code != 200:
-                        raise StepError(f"the unpatched server answered {code}: {body}")
-
-                def send(batch, tag):
-                    return list(pool.map(one, [(f"{prefix}{tag}{sid}", ids) for sid, ids in batch]))
-
-            send.ready_s = round(ready, 1)
-            try:
-                yield send
-            finally:
-                if bundle is not None:
-                    cap.close()
+            send.ready_s = round(server.ready_s, 1)
+            yield send
     finally:
         pool.shutdown(cancel_futures=True)
-        shutil.rmtree(dump, ignore_errors=True)
 
 
 def bench(run: Run, manifest: dict, samples: list, *, patched: bool) -> dict:
@@ -425,115 +410,12 @@ def bench(run: Run, manifest: dict, samples: list, *, patched: bool) -> dict:
     return {"ready_s": send.ready_s, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
-def _dump_root(s: dict) -> str:
-    return s["dump_root"] if Path(s["dump_root"]).is_dir() else tempfile.gettempdir()
-
-
-def markdown(summary: dict) -> str:
-    v = summary["versions"]
-    lines = [
-        "# SGLang backend, end to end",
-        "",
-        f"{summary['date']} - {summary['mode']} - {v.get('gpu') or 'no GPU'} - "
-        f"python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, "
-        f"sglang {v['sglang']}, snakemake {v['snakemake']}, zarr {v['zarr']}",
-        "",
-        f"**Result: {'PASS' if summary['ok'] else 'FAIL'}** in {summary.get('seconds')} s",
-    ]
-    if summary.get("error"):
-        lines += ["", "```", summary["error"][-3000:], "```"]
-    lines += ["", "| step | ok | seconds |", "|---|---|---|"]
-    lines += [f"| {k} | {s['ok']} | {s['seconds']} |" for k, s in summary["steps"].items()]
-    w = summary.get("workflow")
-    if w:
-        lines += [
-            "",
-            f"Workflow extract (capture.backend: sglang, {w['mechanism']}): {w['samples']} "
-            f"samples, {w['tokens']} tokens; {w['samples_longer_than_chunk']} longer than the "
-            f"{w['chunked_prefill_size']}-token prefill chunk (longest {w['longest']}). "
-            f"Validate: {w['validate_errors']} errors, worst cosine {w['validate_cosine']}, "
-            f"greedy match {w['validate_greedy_match']}.",
-            "",
-            f"Mechanism: {w['mechanism_why']}.",
-        ]
-    c = summary.get("compare")
-    if c:
-        lines += [
-            "",
-            f"SGLang vs transformers ({c['hf_device']}), {c['samples']} samples, "
-            f"{c['tokens']} tokens, "
-            f"input_ids identical: {c['input_ids_identical']}",
-            "",
-            "| layer | mean cos | p01 | min | share < 0.999 |",
-            "|---|---|---|---|---|",
-        ]
-        for name, x in c["layers"].items():
-            lines.append(
-                f"| {name} | {x['mean']:.6f} | {x['p01']:.6f} | {x['min']:.6f} | {x['below']:.2%} |"
-            )
-    t = summary.get("throughput")
-    if summary.get("throughput_skipped"):
-        lines += ["", f"Throughput not measured: {summary['throughput_skipped']}."]
-    ih = summary.get("import_hook")
-    if summary.get("import_hook_skipped"):
-        lines += ["", f"Import hook not checked: {summary['import_hook_skipped']}."]
-    if ih:
-        cos = ", ".join(f"{k} {v:.6f}" for k, v in ih["mean_cosine_vs_forward_hooks"].items())
-        lines += [
-            "",
-            f"Import hook (mechanism import_hook forced on the same release), {ih['samples']} "
-            f"samples, mean cosine against the forward hooks' store: {cos}.",
-        ]
-    if t:
-        lines += [
-            "",
-            f"Throughput, {t['requests']} requests ({t['tokens']} prompt tokens, max_new_tokens 1,"
-            f" {t['concurrency']} in flight): unpatched {t['plain_tokens_per_s']:.0f} tok/s, "
-            f"patched (dumps written and read back) {t['patched_tokens_per_s']:.0f} tok/s, "
-            f"ratio **{t['ratio']:.3f}**.",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/out/gpu-sglang")
-    p.add_argument("--work", help="scratch folder (default: a new temporary one)")
-    p.add_argument("--standin", action="store_true", help="CPU rehearsal with the stand-in")
-    p.add_argument("--skip-bench", action="store_true", help="no throughput measurement")
-    p.add_argument(
-        "--skip-import-hook", action="store_true", help="no check of the import-hook mechanism"
-    )
-    p.add_argument("--budget-s", type=float, default=480.0, help="time for all steps")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (capture.sglang.tp)")
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work or tempfile.mkdtemp(prefix="eyrie-e2e-"))
-    work.mkdir(parents=True, exist_ok=True)
-    run = Run(out, work, args.standin, args.budget_s, tp=args.tp)
-    print(f"eyrie SGLang end to end, {run.summary['date']}", flush=True)
+def finish(run: Run, steps, title: str) -> int:
+    """Run `steps()`, then write the summary however they ended; the exit code of the run."""
+    print(f"{title}, {run.summary['date']}", flush=True)
     print(json.dumps(run.summary["versions"]), flush=True)
     try:
-        target = run.step("build toy-deepseek", run.build_target)
-        config = run.write_config(target)
-        manifest = run.step("workflow extract + validate", run.workflow, config)
-        hf = run.step("transformers extract", run.hf_extract)
-        run.step("compare stores", run.compare, hf)
-        if args.skip_bench:
-            run.summary["throughput_skipped"] = "--skip-bench"
-        elif run.budget - (time.monotonic() - run.t0) < 150:
-            run.summary["throughput_skipped"] = "under 150 s of the time budget left"
-        else:
-            run.step("throughput", run.throughput, manifest)
-        if args.skip_import_hook:
-            run.summary["import_hook_skipped"] = "--skip-import-hook"
-        elif args.standin:
-            run.summary["import_hook_skipped"] = "the stand-in has no SGLang model module"
-        elif run.budget - (time.monotonic() - run.t0) < 120:
-            run.summary["import_hook_skipped"] = "under 120 s of the time budget left"
-        else:
-            run.step("import hook", run.import_hook)
+        steps()
         run.summary["ok"] = True
     except Exception as exc:
         run.summary.setdefault("error", f"{type(exc).__name__}: {exc}")
@@ -542,10 +424,6 @@ def main(argv=None) -> int:
         print(f"FAILED: {run.summary['error']}", file=sys.stderr, flush=True)
     finally:
         run.write()
-    print(markdown(run.summary), flush=True)
-    print(f"results in {out}", flush=True)
+    print(run.render(run.summary), flush=True)
+    print(f"results in {run.out}", flush=True)
     return 0 if run.summary["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,8 +3,8 @@ purpose. Run by scripts/gpu_e2e_kimi.sh.
 
 Kimi-K2.5's SGLang class `KimiK25ForConditionalGeneration` holds a `DeepseekV3ForCausalLM`
 (`language_model`), which holds the `DeepseekV2Model` whose layers are captured. This runs that
-chain at toy scale (eyrie/target/toy/kimi.py: toy-deepseek's language model inside a tiny vision tower
-and projector), reusing the steps of eyrie/sglang/e2e.py:
+chain at toy scale (eyrie/target/toy/kimi.py: toy-deepseek's language model inside a tiny vision
+tower and projector), reusing the steps of tests/e2e/sglang_e2e.py:
 
 1. build toy-kimi-k25 (seeded; the language model has the dimensions SGLang 0.5.12 serves);
 2. the workflow itself (snakemake: prepare_dataset, verify_env, patch_server, extract with
@@ -15,8 +15,8 @@ and projector), reusing the steps of eyrie/sglang/e2e.py:
    language-model tensors (`DeepseekV3ForCausalLM` built from `text_config`, the `language_model.*`
    tensors loaded strictly; eyrie/target/wrapped.py), CUDA bf16: identical input ids and mean cosine
    >= 0.999 on every aux layer and the final state;
-4. negative controls (eyrie/sglang/kimi_controls.py): (a) verify against a copy of the verified SGLang
-   source whose wrapper no longer passes `set_eagle3_layers_to_capture` on must say so with
+4. negative controls (tests/e2e/kimi_controls.py): (a) verify against a copy of the verified
+   SGLang source whose wrapper no longer passes `set_eagle3_layers_to_capture` on must say so with
    file:line; the strict stage refuses it, the patch stage calls the setter on the inner model
    instead, and the extraction refuses the copy's bundle on the real installation; (b) a server
    whose hooks name the plain causal LM's modules (`model.layers.i`, which the wrapper does not
@@ -44,52 +44,16 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
-from eyrie.sglang.e2e import REPO, Run, StepError, markdown, run_cmd
 from eyrie.target.toy.sglang_text_only import ENV as PROCESSOR_ENV
 from eyrie.target.toy.sglang_text_only import PACKAGE as PROCESSOR_PACKAGE
 
+from .harness import REPO, StepError, finish, run_cmd
+from .sglang_e2e import SglangRun, markdown
+
 CONFIG = REPO / "tests" / "configs" / "gpu-kimi.yaml"
 TOY = "toy-kimi-k25"
-
-
-class KimiRun(Run):
-    config_file = CONFIG
-
-    def build_target(self) -> Path:
-        target = self.work / TOY
-        cmd = [sys.executable, "-m", "eyrie.target.toy.kimi", "--out", str(target)]
-        cmd += ["--tokenizer", str(REPO / "models" / "toy-llama")]
-        if self.standin:
-            cmd.append("--tiny")
-        run_cmd(cmd, self.work / "logs" / "toy.log", self.left())
-        self.summary["target"] = {
-            "name": TOY,
-            "architecture": json.loads((target / "config.json").read_text())["architectures"][0],
-            "reference": "transformers DeepseekV3ForCausalLM from text_config and the "
-            "language_model.* tensors (strict), eyrie/target/wrapped.py",
-        }
-        return target
-
-    def env(self) -> dict:
-        env = super().env()
-        env[PROCESSOR_ENV] = PROCESSOR_PACKAGE
-        return env
-
-    def controls(self) -> dict:
-        from eyrie.sglang.kimi_controls import broken_hooks, no_delegation
-
-        results = Path(self.config["results"])
-        out = {"no_delegation": no_delegation(self, results)}
-        if self.budget - (time.monotonic() - self.t0) < 110:  # a server start and 2 requests
-            out["wrong_hook_path"] = {"skipped": "under 110 s of the time budget left"}
-        else:
-            out["wrong_hook_path"] = broken_hooks(self, results)
-        (self.out / "negative.json").write_text(json.dumps(out, indent=1) + "\n")
-        self.summary["negative"] = out
-        return out
 
 
 def kimi_markdown(summary: dict) -> str:
@@ -125,6 +89,44 @@ def kimi_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+class KimiRun(SglangRun):
+    config_file = CONFIG
+    render = staticmethod(kimi_markdown)
+
+    def build_target(self) -> Path:
+        target = self.work / TOY
+        cmd = [sys.executable, "-m", "eyrie.target.toy.kimi", "--out", str(target)]
+        cmd += ["--tokenizer", str(REPO / "models" / "toy-llama")]
+        if self.standin:
+            cmd.append("--tiny")
+        run_cmd(cmd, self.work / "logs" / "toy.log", self.left())
+        self.summary["target"] = {
+            "name": TOY,
+            "architecture": json.loads((target / "config.json").read_text())["architectures"][0],
+            "reference": "transformers DeepseekV3ForCausalLM from text_config and the "
+            "language_model.* tensors (strict), eyrie/target/wrapped.py",
+        }
+        return target
+
+    def env(self) -> dict:
+        env = super().env()
+        env[PROCESSOR_ENV] = PROCESSOR_PACKAGE
+        return env
+
+    def controls(self) -> dict:
+        from .kimi_controls import broken_hooks, no_delegation
+
+        results = Path(self.config["results"])
+        out = {"no_delegation": no_delegation(self, results)}
+        if self.budget - (time.monotonic() - self.t0) < 110:  # a server start and 2 requests
+            out["wrong_hook_path"] = {"skipped": "under 110 s of the time budget left"}
+        else:
+            out["wrong_hook_path"] = broken_hooks(self, results)
+        (self.out / "negative.json").write_text(json.dumps(out, indent=1) + "\n")
+        self.summary["negative"] = out
+        return out
+
+
 def _stopped(signum, frame):
     raise StepError("stopped by SIGTERM (the script's time limit)")
 
@@ -146,9 +148,8 @@ def main(argv=None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="eyrie-kimi-"))
     work.mkdir(parents=True, exist_ok=True)
     run = KimiRun(out, work, args.standin, args.budget_s)
-    print(f"eyrie toy Kimi-K2.5 end to end, {run.summary['date']}", flush=True)
-    print(json.dumps(run.summary["versions"]), flush=True)
-    try:
+
+    def steps():
         target = run.step(f"build {TOY}", run.build_target)
         config = run.write_config(target)
         run.step("workflow extract + validate", run.workflow, config)
@@ -161,19 +162,8 @@ def main(argv=None) -> int:
             run.summary["import_hook_skipped"] = "the stand-in has no SGLang model module"
         else:
             run.step("import hook", run.import_hook)
-        run.summary["ok"] = True
-    except Exception as exc:
-        run.summary.setdefault("error", f"{type(exc).__name__}: {exc}")
-        if not isinstance(exc, StepError):
-            run.summary["error"] += "\n" + traceback.format_exc()
-        print(f"FAILED: {run.summary['error']}", file=sys.stderr, flush=True)
-    finally:
-        run.summary["seconds"] = round(time.monotonic() - run.t0, 1)
-        run.write()
-        (out / "summary.md").write_text(kimi_markdown(run.summary))
-    print(kimi_markdown(run.summary), flush=True)
-    print(f"results in {out}", flush=True)
-    return 0 if run.summary["ok"] else 1
+
+    return finish(run, steps, "eyrie toy Kimi-K2.5 end to end")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Negative controls for the wrapper chain: capture deliberately not passed through the wrapper.
 
 A capture that silently misses its layers is the failure Eyrie exists to prevent, so the toy
-Kimi-K2.5 run (eyrie/sglang/kimi_e2e.py) also checks that breaking the chain is caught:
+Kimi-K2.5 run (tests/e2e/kimi_e2e.py) also checks that breaking the chain is caught:
 
 (a) `no_delegation`: a copy of the verified SGLang source (Python files only) in which
     `KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture` no longer passes the call on to
@@ -28,7 +28,7 @@ DELEGATION = re.compile(
 
 
 def _error_type():
-    from eyrie.sglang.e2e import StepError
+    from .harness import StepError
 
     return StepError
 
@@ -80,7 +80,9 @@ def remove_delegation(source_pkg: Path, dest: Path) -> str:
 
 def no_delegation(run, results: Path) -> dict:
     """Control (a); the facts for the summary. Raises StepError when a check does not hold."""
-    from eyrie.sglang.patch.bundle import PatchError, build_manifest, check_installed
+    from eyrie.sglang.patch.bundle import check_installed
+    from eyrie.sglang.patch.manifest import build_manifest
+    from eyrie.sglang.patch.settings import PatchError
     from eyrie.verify.stage import run_stage
 
     StepError = _error_type()
@@ -129,8 +131,9 @@ def no_delegation(run, results: Path) -> dict:
 def broken_hooks(run, results: Path, samples: int = 2) -> dict:
     """Control (b): a server hooked at the plain causal LM's module names must not capture."""
     from eyrie.extract.sglang import SglangError
-    from eyrie.sglang.e2e import _samples, served
     from eyrie.sglang.patch.bundle import build_bundle
+
+    from .harness import _samples, served
 
     StepError = _error_type()
     bundle = run.work / "patch-wrong-path"

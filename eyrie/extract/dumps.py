@@ -1,0 +1,225 @@
+"""The client's side of the dump protocol (eyrie/sglang/patch/protocol.py).
+
+The patch in the server writes a request's states to the dump folder, one file per prefill chunk;
+the client joins the chunks by their prefix length, checks them (the chunks cover the prompt
+exactly, the server saw our token ids at positions 0..T-1), deletes them and hands the states
+on. A missing or wrong dump raises SglangError saying what the server did instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eyrie.extract.split import ExtractError
+from eyrie.sglang.patch import protocol as proto
+
+
+class SglangError(ExtractError):
+    """The server or its patch did not deliver what the protocol promises; says what to fix."""
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    tokens: int = 0
+    chunks: int = 0
+    chunked: int = 0  # requests that arrived in more than one pass
+    max_chunks: int = 0
+    waited_s: float = 0.0  # time spent waiting for room in the dump folder
+
+    def add(self, tokens: int, chunks: int) -> None:
+        self.requests += 1
+        self.tokens += tokens
+        self.chunks += chunks
+        self.chunked += chunks > 1
+        self.max_chunks = max(self.max_chunks, chunks)
+
+
+@dataclass
+class DumpFolder:
+    """The client's side of the dump protocol (eyrie/sglang/patch/dump.py)."""
+
+    path: Path
+    manifest_sha256: str
+    bundle: Path
+    external: bool = False
+    server_log: Path | None = None
+    server: object = None  # the launched SglangServer, for its log when it dies
+    stats: Stats = field(default_factory=Stats)
+    closed: bool = False  # set when the job stops: waiting threads give up at once
+
+    def nbytes(self) -> int:
+        total = 0
+        with os.scandir(self.path) as it:
+            for entry in it:
+                with contextlib.suppress(OSError):
+                    total += entry.stat().st_size
+        return total
+
+    def statuses(self) -> list[dict]:
+        out = []
+        for p in sorted(self.path.glob(f"{proto.STATUS_PREFIX}*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                out.append(json.loads(p.read_text()))
+        return out
+
+    def clear(self, rid: str) -> None:
+        """Remove a rid's files left by an earlier attempt (an external server's folder)."""
+        key = proto.rid_key(rid)
+        for p in self.path.glob(f"{key}.*"):
+            p.unlink(missing_ok=True)
+
+    def where(self) -> str:
+        if self.external:
+            return (
+                f"start the server with {self.bundle}/launch.sh and "
+                f"EYRIE_PATCH_DUMP_DIR={self.path}"
+            )
+        return f"see the server log {self.server_log}"
+
+    def check_loaded(self, mechanism: str, rid_prefix: str, wait_s: float = 10.0) -> list[dict]:
+        """The status files of this bundle's patch; SglangError when it is not loaded."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            statuses = self.statuses()
+            errors = [s["install_error"] for s in statuses if s.get("install_error")]
+            if errors:
+                raise SglangError(f"{errors[0]} ({self.where()})")
+            bad = [s for s in statuses if s.get("files_ok") is False]
+            if bad:
+                raise SglangError(
+                    f"the server's SGLang differs from the verified one: {bad[0]['mismatch']}; "
+                    "rerun verify_env and patch_server where the server runs"
+                )
+            ours = [s for s in statuses if s.get("manifest_sha256") == self.manifest_sha256]
+            if ours:
+                keeps = [s for s in ours if rid_prefix.startswith(s.get("rid_prefix") or "\0")]
+                if not keeps:
+                    raise SglangError(
+                        f"the server keeps requests whose rid starts with "
+                        f"{ours[0].get('rid_prefix')!r}; this job sends {rid_prefix!r}: set "
+                        "capture.sglang.rid_prefix to the server's"
+                    )
+                return ours
+            if time.monotonic() > deadline:
+                other = " (it holds status files of another bundle)" if statuses else ""
+                raise SglangError(
+                    f"the server answers but Eyrie's capture patch ({mechanism}) is not loaded "
+                    f"in it: no status file of {self.bundle}/manifest.json in {self.path}{other}; "
+                    f"{self.where()}"
+                )
+            time.sleep(0.2)
+
+    def _error(self, rid: str) -> dict | None:
+        p = self.path / proto.error_name(rid)
+        if not p.is_file():
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(p.read_text())
+        return {"reason": "unreadable", "detail": str(p)}
+
+    def _chunks(self, key: str) -> dict[int, Path]:
+        out = {}
+        for p in self.path.glob(f"{key}.*{proto.CHUNK_SUFFIX}"):
+            parsed = proto.parse_chunk_name(p.name)
+            if parsed and parsed[0] == key:
+                out[parsed[1]] = p
+        return out
+
+    def collect(self, rid: str, input_ids: np.ndarray, timeout: float):
+        """The request's (aux (T, k, H), final (T, H)), its chunks checked, joined and deleted."""
+        from safetensors import safe_open
+
+        key, total = proto.rid_key(rid), len(input_ids)
+        deadline, delay = time.monotonic() + timeout, 0.002
+        lengths: dict[int, int] = {}
+        while True:
+            err = self._error(rid)
+            if err is not None:
+                raise SglangError(
+                    f"the server could not capture sample {rid!r}: {err.get('reason')}: "
+                    f"{err.get('detail')}"
+                )
+            chunks = self._chunks(key)
+            for prefix, path in chunks.items():
+                if prefix not in lengths:
+                    with safe_open(str(path), framework="pt") as f:
+                        lengths[prefix] = int(f.metadata()["tokens"])
+            order, at = [], 0
+            while at in lengths and at < total:
+                order.append(at)
+                at += lengths[at]
+            if at == total and set(order) == set(chunks):
+                break
+            if at > total or (at == total and set(order) != set(chunks)):
+                raise SglangError(
+                    f"the dumps of sample {rid!r} do not tile its {total} tokens (chunks at "
+                    f"{sorted(lengths.items())}); the server computed another prompt"
+                )
+            if time.monotonic() > deadline:
+                raise SglangError(self._missing(rid, total, lengths))
+            if self.closed:
+                raise SglangError("the job is stopping")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        aux, final, ids, pos = [], [], [], []
+        for prefix in order:
+            with safe_open(str(chunks[prefix]), framework="pt") as f:
+                meta = f.metadata()
+                if meta.get("rid") != rid or int(meta.get("prefix", -1)) != prefix:
+                    raise SglangError(
+                        f"{chunks[prefix]} holds rid {meta.get('rid')!r} prefix "
+                        f"{meta.get('prefix')}, not {rid!r} at {prefix}"
+                    )
+                aux.append(f.get_tensor("aux"))
+                final.append(f.get_tensor("final"))
+                names = set(f.keys())
+                ids.append(f.get_tensor("input_ids") if "input_ids" in names else None)
+                pos.append(f.get_tensor("positions") if "positions" in names else None)
+        for path in chunks.values():
+            path.unlink(missing_ok=True)
+        aux_t, final_t = torch.cat(aux), torch.cat(final)
+        if all(i is not None for i in ids):
+            seen = torch.cat(ids).numpy()
+            if not np.array_equal(seen, np.asarray(input_ids, dtype=np.int64)):
+                bad = int(np.argmax(seen != np.asarray(input_ids, dtype=np.int64)))
+                raise SglangError(
+                    f"the server computed other token ids for sample {rid!r} (first difference "
+                    f"at token {bad}): the dumps belong to another prompt"
+                )
+        if all(p is not None for p in pos):
+            if not torch.equal(torch.cat(pos), torch.arange(total, dtype=torch.int64)):
+                raise SglangError(
+                    f"the dumps of sample {rid!r} sit at positions other than 0..{total - 1}"
+                )
+        self.stats.add(total, len(order))
+        return aux_t, final_t
+
+    def _missing(self, rid: str, total: int, lengths: dict) -> str:
+        if lengths:
+            return (
+                f"the dumps of sample {rid!r} cover only {sorted(lengths.items())} of its "
+                f"{total} tokens after the server answered; {self.where()}"
+            )
+        statuses = [s for s in self.statuses() if s.get("manifest_sha256") == self.manifest_sha256]
+        if not statuses:
+            return (
+                f"the server answered sample {rid!r} but wrote no dump and Eyrie's patch is not "
+                f"loaded in it (no status file in {self.path}); {self.where()}"
+            )
+        problems = sorted({p for s in statuses for p in s.get("problems", [])})
+        hint = f" Problems it reported: {'; '.join(problems)}." if problems else ""
+        return (
+            f"the server answered sample {rid!r} but its hooks captured nothing for it (patch "
+            f"loaded in pids {[s.get('pid') for s in statuses]}).{hint} The hooked modules did "
+            "not run: a hook spec matched no module ('No modules matched' in the server log), "
+            f"or the pass ran in a CUDA graph or compiled region; {self.where()}"
+        )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
-from eyrie.common.config import ConfigError, load
+from eyrie.cli.config import load_for
+from eyrie.common.layout import Layout
 
 
 def add_arguments(parser) -> None:
@@ -23,40 +23,32 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from eyrie.data.chat_tokens import SampleError
-    from eyrie.extract.shard import ExtractError, extract_shard
-    from eyrie.store.shard import StoreError
-    from eyrie.target.load import TargetError, configured_dir
+    """Errors of the stage (EyrieError) reach eyrie.cli.main, which prints them once."""
+    from eyrie.extract.shard import extract_shard
+    from eyrie.target.load import configured_dir
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load(args.config)
-    except ConfigError as exc:
-        print(f"eyrie extract: {exc}", file=sys.stderr)
+    cfg = load_for("extract", args.config)
+    if cfg is None:
         return 2
-    results = Path(cfg["results"])
-    name = f"shard-{args.shard:03d}"
-    store = Path(args.store or results / "store" / args.split / f"{name}.zarr")
-    errors = Path(args.errors or store.with_name(f"{name}.errors.csv"))
-    try:
-        out = extract_shard(
-            data_path=args.data or results / "data" / f"{args.split}.jsonl",
-            target_path=configured_dir(cfg),
-            architecture=cfg["target"].get("architecture"),
-            split=args.split,
-            shard=args.shard,
-            out_store=store,
-            errors_csv=errors,
-            capture=cfg["capture"],
-            extract=cfg["extract"],
-            max_tokens=cfg["dataset"]["max_tokens"],
-            commit_every=args.commit_every,
-            weights_cache=results / "store" / ".weights-sha256.json",
-            progress=not args.no_progress,
-        )
-    except (ExtractError, TargetError, StoreError, SampleError) as exc:
-        print(f"eyrie extract: {exc}", file=sys.stderr)
-        return 1
+    layout = Layout.of(cfg)
+    store = Path(args.store or layout.store(args.split, args.shard))
+    errors = Path(args.errors or store.with_name(layout.errors(args.split, args.shard).name))
+    out = extract_shard(
+        data_path=args.data or layout.conversations(cfg, args.split),
+        target_path=configured_dir(cfg),
+        architecture=cfg["target"].get("architecture"),
+        split=args.split,
+        shard=args.shard,
+        out_store=store,
+        errors_csv=errors,
+        capture=cfg["capture"],
+        extract=cfg["extract"],
+        max_tokens=cfg["dataset"]["max_tokens"],
+        commit_every=args.commit_every,
+        weights_cache=layout.weights_cache(),
+        progress=not args.no_progress,
+    )
     cut = f", {out.truncated} cut at dataset.max_tokens" if out.truncated else ""
     print(f"{out.store}: {out.samples} samples{cut}, {out.tokens} tokens, errors {out.errors}")
     return 0

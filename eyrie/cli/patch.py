@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from eyrie.common.config import ConfigError, load
+from eyrie.cli.config import load_for
+from eyrie.common.layout import Layout
 
 
 def add_arguments(parser) -> None:
@@ -29,14 +30,12 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from eyrie.sglang.patch.bundle import PatchError, bundle_from_config
 
-    try:
-        cfg = load(args.config)
-    except ConfigError as exc:
-        print(f"eyrie patch-server: {exc}", file=sys.stderr)
+    cfg = load_for("patch-server", args.config)
+    if cfg is None:
         return 2
-    results = Path(cfg["results"])
-    report = Path(args.report or results / "verify" / "report.json")
-    out = Path(args.out or results / "patch")
+    layout = Layout.of(cfg)
+    report = Path(args.report or layout.verify_report())
+    out = Path(args.out or layout.patch_dir())
     capture = dict(cfg["capture"])
     if args.mechanism:
         capture["sglang"] = {**(capture.get("sglang") or {}), "mechanism": args.mechanism}

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from eyrie.cli.config import load_for
+from eyrie.common.layout import Layout, shard_name
 
 SPLITS = ("train", "heldout")
 
@@ -25,13 +26,12 @@ def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
     from eyrie.target.load import configured_dir
     from eyrie.validate.shard import validate_shard
 
-    results = Path(cfg["results"])
-    name = f"shard-{shard:03d}"
+    layout = Layout.of(cfg)
     v = cfg["validate"]
     report = validate_shard(
-        store=results / "store" / split / f"{name}.zarr",
-        errors_csv=results / "store" / split / f"{name}.errors.csv",
-        data_path=results / "data" / f"{split}.jsonl",
+        store=layout.store(split, shard),
+        errors_csv=layout.errors(split, shard),
+        data_path=layout.conversations(cfg, split),
         target_path=configured_dir(cfg),
         architecture=cfg["target"].get("architecture"),
         split=split,
@@ -44,7 +44,7 @@ def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
         min_cosine=v["min_cosine"],
         min_greedy_match=v["min_greedy_match"],
     )
-    out = results / "validate" / split / f"{name}.json"
+    out = layout.validate_dir() / split / f"{shard_name(shard)}.json"
     write_json(out, report, default=str)
     print(f"{out}: {report['errors']} errors {report['error_counts']}")
     return out, report
@@ -73,9 +73,9 @@ def run(args) -> int:
         for split in SPLITS
         for shard in range(cfg["extract"]["shards"])
     ]
-    results = Path(cfg["results"]) / "validate"
+    out = Layout.of(cfg).validate_dir()
     ok, message = summarize(
-        reports, results / "summary.csv", results / "summary.md", cfg["validate"]["max_errors"]
+        reports, out / "summary.csv", out / "summary.md", cfg["validate"]["max_errors"]
     )
     print(message, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

@@ -7,7 +7,7 @@ or not regenerate.enabled is set: running the subcommand is the request).
 
 from __future__ import annotations
 
-from eyrie.cli.config import load_for
+from eyrie.common.config import load
 from eyrie.common.layout import SPLITS, Layout
 
 
@@ -23,9 +23,7 @@ def run(args) -> int:
     from eyrie.regenerate.stage import SplitJob, regenerate_split
     from eyrie.target.load import configured_dir
 
-    cfg = load_for("regenerate", args.config)
-    if cfg is None:
-        return 2
+    cfg = load(args.config)  # a ConfigError names every bad key; eyrie.cli.main prints it
     layout = Layout.of(cfg)
     out = args.out or layout.regenerated(args.split)
     settings = {k: v for k, v in cfg["regenerate"].items() if k != "enabled"}

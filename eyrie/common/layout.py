@@ -1,7 +1,8 @@
-"""Where each stage's outputs live under the results folder: one place, read by every stage.
+"""Where each stage's outputs live under the results folder: one table, read by every stage.
 
-The Snakemake rules (rules/common.smk) and the `eyrie` subcommands' defaults both take their
-paths from here, so a rule's output and the path a subcommand reads by default cannot drift.
+The `eyrie` subcommands take their default paths from here; the Snakemake rules spell the same
+paths in their f-strings (tests/test_layout.py holds the two together), so a rule's output and
+the path a subcommand reads by default cannot drift apart.
 """
 
 from __future__ import annotations
@@ -10,6 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPLITS = ("train", "heldout")
+
+
+def _under(relative: str):
+    """A Layout method returning {results}/relative."""
+
+    def path(self) -> Path:
+        return self.root / relative
+
+    path.__doc__ = f"{{results}}/{relative}"
+    return path
 
 
 @dataclass(frozen=True)
@@ -22,15 +33,22 @@ class Layout:
     def of(cls, config: dict) -> Layout:
         return cls(Path(config.get("results", "results")))
 
-    # data and targets
+    targets = _under("targets")
+    verify_report = _under("verify/report.json")
+    patch_dir = _under("patch")
+    weights_cache = _under("store/.weights-sha256.json")
+    validate_dir = _under("validate")
+    vocab = _under("draft_vocab/vocab.safetensors")
+    train_dir = _under("train")
+    drafter = _under("train/drafter")
+    evaluate_dir = _under("evaluate")
+    report_dir = _under("report")
+
     def dataset(self, split: str) -> Path:
         return self.root / "data" / f"{split}.jsonl"
 
     def regenerated(self, split: str) -> Path:
         return self.root / "regen" / f"{split}.jsonl"
-
-    def regenerated_summary(self, split: str) -> Path:
-        return self.root / "regen" / f"{split}.summary.json"
 
     def conversations(self, config: dict, split: str) -> Path:
         """What a split's stores are made of: the regenerated split when regenerate.enabled."""
@@ -38,17 +56,6 @@ class Layout:
             return self.regenerated(split)
         return self.dataset(split)
 
-    def targets(self) -> Path:
-        return self.root / "targets"
-
-    # verify and patch
-    def verify_report(self) -> Path:
-        return self.root / "verify" / "report.json"
-
-    def patch_dir(self) -> Path:
-        return self.root / "patch"
-
-    # extract and validate
     def store_dir(self, split: str) -> Path:
         return self.root / "store" / split
 
@@ -62,36 +69,14 @@ class Layout:
         """The split's stores that exist, in shard order."""
         return sorted(self.store_dir(split).glob("shard-*.zarr"))
 
-    def weights_cache(self) -> Path:
-        return self.root / "store" / ".weights-sha256.json"
-
-    def validate_dir(self) -> Path:
-        return self.root / "validate"
-
-    # train and export
-    def vocab(self) -> Path:
-        return self.root / "draft_vocab" / "vocab.safetensors"
-
-    def train_dir(self) -> Path:
-        return self.root / "train"
-
-    def drafter(self) -> Path:
-        return self.train_dir() / "drafter"
-
     def export(self, engine: str) -> Path:
         return self.root / "export" / engine
 
-    # evaluate and report
-    def evaluate_dir(self) -> Path:
-        return self.root / "evaluate"
-
-    def report_dir(self) -> Path:
-        return self.root / "report"
-
 
 def shard_name(shard: int | str) -> str:
-    """shard-NNN, from 7 or "007" or "shard-007"."""
+    """shard-NNN, from 7 or "007" or "shard-007" (a Snakemake wildcard such as "{shard}" is
+    kept as it is: shard-{shard})."""
     text = str(shard)
     if text.startswith("shard-"):
         return text
-    return f"shard-{int(text):03d}"
+    return f"shard-{int(text):03d}" if text.isdigit() else f"shard-{text}"

@@ -507,3 +507,80 @@ def test_dataset_refuses_incomplete_store(tmp_path):
     with pytest.raises(StoreError, match="incomplete"):
         ShardDataset([tmp_path / "a", tmp_path / "b"])
     assert len(ShardDataset([tmp_path / "a", tmp_path / "b"], require_complete=False)) == 2
+
+
+# -- writing on several threads (extract.writer_threads) -------------------------------------
+
+
+def store_bytes(path) -> dict[str, bytes]:
+    files = sorted(f for f in path.rglob("*") if f.is_file())
+    return {str(f.relative_to(path)): f.read_bytes() for f in files}
+
+
+@pytest.mark.parametrize("precision", ["lossless", "bitround-3"])
+def test_any_thread_count_writes_the_same_bytes(tmp_path, precision):
+    """Every file of the store is byte for byte the same for 1, 2 and 5 threads."""
+    samples = [make_sample(i) for i in range(23)]  # commits spanning several 64-token shards
+    got = {}
+    for threads in (1, 2, 5):
+        path = tmp_path / f"t{threads}"
+        with writer(path, writer_threads=threads, precision=precision) as w:
+            assert w.writer_threads == threads
+            for j, s in enumerate(samples):
+                w.append(**s)
+                if j % 7 == 6:
+                    w.commit()
+            w.finish()
+        got[threads] = store_bytes(path)
+    assert len(got[1]) > 20
+    assert got[2] == got[1] and got[5] == got[1]
+    if precision == "lossless":
+        r = ShardReader(tmp_path / "t5")
+        for i, s in enumerate(samples):
+            assert_sample_equal(r[i], s)
+
+
+def test_writer_threads_setting_is_checked(tmp_path):
+    from eyrie.store.parallel import AUTO_MAX, cores, resolve_threads
+
+    assert resolve_threads("auto") == max(1, min(AUTO_MAX, cores()))
+    assert resolve_threads(3) == 3
+    for bad in (0, -1, "eight", 2.5, True):
+        with pytest.raises(StoreError, match="writer_threads"):
+            writer(tmp_path / "s", writer_threads=bad)
+
+
+def test_failed_piece_of_a_threaded_commit_commits_nothing(tmp_path, monkeypatch):
+    """One shard file's write fails: the commit raises after every piece ended, no record."""
+    from eyrie.store.parallel import Pool
+
+    samples = [make_sample(i, tokens=40) for i in range(6)]
+    w = writer(tmp_path / "s", writer_threads=4)
+    for s in samples[:2]:
+        w.append(**s)
+    w.commit()
+    for s in samples[2:]:
+        w.append(**s)
+    real = Pool.setitem
+
+    def flaky(self, arr, selection, value):
+        if arr.path == "final_hidden" and selection.start >= 128:
+            raise OSError("disk full (simulated)")
+        return real(self, arr, selection, value)
+
+    monkeypatch.setattr(Pool, "setitem", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        w.commit()
+    monkeypatch.undo()
+    w.close()
+    part = ShardReader(tmp_path / "s", require_complete=False)
+    assert len(part) == 2 and part.num_tokens == 80
+    w = writer(tmp_path / "s", writer_threads=4)
+    assert w.committed_ids == ["conv-0", "conv-1"]
+    for s in samples[2:]:
+        w.append(**s)
+    w.finish()
+    w.close()
+    r = ShardReader(tmp_path / "s")
+    for i, s in enumerate(samples):
+        assert_sample_equal(r[i], s)

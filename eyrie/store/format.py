@@ -184,11 +184,20 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_tree(root: Path, rel_files: list[str]) -> None:
-    """fsync each file, then every folder from its parent up to root (renames are durable)."""
+def _each(fn, items) -> None:
+    for x in items:
+        fn(x)
+
+
+def fsync_tree(root: Path, rel_files: list[str], each=None) -> None:
+    """fsync each file, then every folder from its parent up to root (renames are durable).
+
+    ``each(fn, items)`` runs the files' fsyncs (e.g. on several threads, returning when all are
+    done); by default one after another. Folders come after all files, deepest first.
+    """
+    (each or _each)(fsync, [root / rel for rel in rel_files])
     folders = {root}
     for rel in rel_files:
-        fsync(root / rel)
         parent = (root / rel).parent
         while parent != root and root in parent.parents:
             folders.add(parent)

@@ -46,6 +46,7 @@ from eyrie.store.format import (
     write_json_durable,
 )
 from eyrie.store.lock import StoreLock
+from eyrie.store.parallel import Pool, resolve_threads, spans
 
 
 class ShardWriter:
@@ -68,9 +69,15 @@ class ShardWriter:
         shard_tokens: int = 16384,
         lock: StoreLock | None = None,
         precision: str = "lossless",
+        writer_threads: int | str = "auto",
     ):
         self.path = Path(path)
         self._closed = False
+        self._pool: Pool | None = None
+        try:  # how many shard files a commit writes at once (eyrie/store/parallel.py)
+            self.writer_threads = resolve_threads(writer_threads)
+        except ValueError as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
         try:  # lossless, or bitround-N: N mantissa bits kept (eyrie/store/codecs.py)
             self.mantissa_bits = mantissa_bits(precision)
         except PrecisionError as exc:
@@ -323,22 +330,29 @@ class ShardWriter:
         lengths = np.array([b[1].shape[0] for b in batch], dtype=np.int64)
         n1, t1 = n0 + len(batch), t0 + int(lengths.sum())
         a = self._arrays
-        for j, name in enumerate(TOKEN_ARRAYS, start=1):
-            block = np.concatenate([b[j] for b in batch])  # one array at a time bounds memory
+        for name in TOKEN_ARRAYS:
             a[name].resize((t1, *a[name].shape[1:]))
-            a[name][t0:t1] = block
-            del block
         a["offsets"].resize((n1 + 1,))
-        a["offsets"][n0 + 1 : n1 + 1] = t0 + np.cumsum(lengths)
         a["sample_id"].resize((n1,))
-        a["sample_id"][n0:n1] = np.array(new_ids, dtype=object)
+        starts = np.concatenate([[0], np.cumsum(lengths)])  # of each sample, from t0
+        split = self.writer_threads > 1  # one piece per shard file, else one per array
+        jobs = [
+            (lambda j=j, name=name, lo=lo, hi=hi: self._write_tokens(j, name, lo, hi, t0, starts))
+            for j, name in enumerate(TOKEN_ARRAYS, start=1)
+            for lo, hi in spans(t0, t1, self.shard_tokens, split)
+        ]
+        pool = self._threads()
+        jobs.append(lambda: pool.setitem(a["offsets"], slice(n0 + 1, n1 + 1), t0 + starts[1:]))
+        ids_value = np.array(new_ids, dtype=object)
+        jobs.append(lambda: pool.setitem(a["sample_id"], slice(n0, n1), ids_value))
+        pool.run(jobs)
         # Make the data durable before the commit record that points at it (power loss too).
-        spans = {"offsets": (n0, n1 + 1), "sample_id": (n0, n1)}
+        spans_of = {"offsets": (n0, n1 + 1), "sample_id": (n0, n1)}
         touched = ["zarr.json"]
         for name, arr in a.items():
-            lo, hi = spans.get(name, (t0, t1))
+            lo, hi = spans_of.get(name, (t0, t1))
             touched += [f"{name}/{f}" for f in ["zarr.json", *expected_chunk_files(arr, hi, lo)]]
-        fsync_tree(self.path, touched)
+        fsync_tree(self.path, touched, each=pool.map)
         ids = self.committed_ids + new_ids
         self._write_commit_record(n1, t1, ids)
         self.committed_ids = ids
@@ -362,6 +376,9 @@ class ShardWriter:
         self._buffered_ids = set()
         self._buffered_tokens = 0
         self._closed = True
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._own_lock:
             self._store_lock.release()
 
@@ -380,6 +397,32 @@ class ShardWriter:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"{self.path}: this writer is closed; open a new ShardWriter")
+
+    def _threads(self) -> Pool:
+        if self._pool is None:
+            self._pool = Pool(self.writer_threads)
+        return self._pool
+
+    def _write_tokens(self, j: int, name: str, lo: int, hi: int, t0: int, starts) -> None:
+        """Write buffered field j of the samples over tokens [lo, hi) (one job of a commit).
+
+        Only this span is gathered into one array, so memory stays bounded by the pieces
+        running at once (one array of the commit group on one thread, as before).
+        """
+        first = int(np.searchsorted(starts, lo - t0, side="right")) - 1
+        pieces, at = [], lo
+        for k in range(first, len(self._buffer)):
+            s0, s1 = t0 + int(starts[k]), t0 + int(starts[k + 1])
+            if s0 >= hi:
+                break
+            pieces.append(self._buffer[k][j][max(at, s0) - s0 : min(hi, s1) - s0])
+            at = min(hi, s1)
+        block = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        pool = self._threads()
+        pool.setitem(self._arrays[name], slice(lo, hi), block)
+        if pool.threads > 1:  # flush now, while other pieces still compress (commit re-checks)
+            for f in expected_chunk_files(self._arrays[name], hi, lo):
+                fsync(self.path / name / f)
 
     def _write_commit_record(self, n: int, t: int, ids: list[str]) -> None:
         write_json_durable(

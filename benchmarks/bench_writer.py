@@ -1,0 +1,144 @@
+"""Write rate of ShardWriter.append + commit by writer thread count (extract.writer_threads).
+
+Prints raw bf16 MB/s (aux_hidden + final_hidden as the forward pass hands them over) of
+append + commit at each hidden size, for 1, 2, 4, 8 and 16 threads (capped at the machine's
+cores), with the ratio to 1 thread measured in the same run. Thread counts are interleaved
+within each repeat, so a busy neighbour slows them alike; the median repeat is reported. Every
+store written is also checked to hold the same bytes, file by file, as the 1-thread one.
+
+    python benchmarks/bench_writer.py                    # hidden 256 and 4096
+    python benchmarks/bench_writer.py --hidden 4096 --tokens 1024 --samples 64 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from synthetic_data import synthetic_activations  # noqa: E402
+
+from eyrie.common.provenance import machine  # noqa: E402
+from eyrie.store.parallel import cores  # noqa: E402
+from eyrie.store.writer import ShardWriter  # noqa: E402
+
+K = 3  # aux layers, as EAGLE-3 captures
+
+
+def make_samples(hidden: int, tokens: int, distinct: int, seed: int) -> list[tuple]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(distinct):
+        aux, fin = synthetic_activations(rng, tokens, K, hidden)
+        ids = rng.integers(0, 128_000, tokens)
+        mask = np.ones(tokens, dtype=bool)
+        mask[: tokens // 4] = False
+        out.append((ids, mask, aux, fin))
+    return out
+
+
+def write(path: Path, hidden: int, pool: list[tuple], args, threads: int) -> float:
+    """Seconds of append + commit for args.samples samples (store creation not counted)."""
+    shutil.rmtree(path, ignore_errors=True)
+    w = ShardWriter(
+        path,
+        hidden_size=hidden,
+        aux_layer_ids=list(range(K)),
+        provenance={"benchmark": "bench_writer"},
+        chunk_tokens=args.chunk_tokens,
+        shard_tokens=args.shard_tokens,
+        writer_threads=threads,
+    )
+    try:
+        start = time.perf_counter()
+        for i in range(args.samples):
+            w.append(f"sample-{i:05d}", *pool[i % len(pool)])
+            if (i + 1) % args.commit_every == 0:
+                w.commit()
+        w.commit()
+        return time.perf_counter() - start
+    finally:
+        w.close()
+
+
+def digest(path: Path) -> dict[str, str]:
+    return {
+        str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(path.rglob("*"))
+        if f.is_file()
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, nargs="+", default=[256, 4096])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--tokens", type=int, default=512, help="tokens per sample")
+    ap.add_argument("--samples", type=int, default=48)
+    ap.add_argument("--commit-every", type=int, default=16, help="samples per commit")
+    ap.add_argument("--chunk-tokens", type=int, default=256)
+    ap.add_argument("--shard-tokens", type=int, default=16384)
+    ap.add_argument("--distinct", type=int, default=4, help="distinct samples, cycled")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None, help="where stores are written")
+    ap.add_argument("--json", type=Path, default=None, help="also write the records here")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    n_cores = cores()
+    threads = sorted({t for t in args.threads if t <= n_cores} | {1})
+    print("machine:", json.dumps(machine()), f"| usable cores {n_cores}")
+    print(
+        f"{args.samples} samples x {args.tokens} tokens, {K} aux layers, commit every "
+        f"{args.commit_every} samples, chunk {args.chunk_tokens} / shard {args.shard_tokens}"
+    )
+    records = []
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench_writer-") as tmp:
+        for hidden in args.hidden:
+            pool = make_samples(hidden, args.tokens, args.distinct, args.seed)
+            raw_mb = args.samples * args.tokens * (K + 1) * hidden * 2 / 1e6
+            seconds = {t: [] for t in threads}
+            reference, identical = None, True
+            for _ in range(args.repeats):
+                for t in threads:
+                    path = Path(tmp) / f"h{hidden}-t{t}"
+                    seconds[t].append(write(path, hidden, pool, args, t))
+                    files = digest(path)
+                    reference = reference or files
+                    identical &= files == reference
+                    shutil.rmtree(path)
+            base = statistics.median(seconds[1])
+            for t in threads:
+                s = statistics.median(seconds[t])
+                rec = {
+                    "hidden": hidden,
+                    "threads": t,
+                    "raw_mb": round(raw_mb, 1),
+                    "seconds": [round(x, 3) for x in seconds[t]],
+                    "mb_s": round(raw_mb / s, 1),
+                    "vs_1_thread": round(base / s, 3),
+                    "bytes_identical_to_1_thread": identical,
+                }
+                records.append(rec)
+                print(
+                    f"hidden {hidden:5d} threads {t:2d}: {raw_mb / s:8.1f} MB/s raw bf16 "
+                    f"({base / s:.2f}x 1 thread; median of {len(seconds[t])})"
+                )
+            print(f"hidden {hidden}: every store byte-identical to 1 thread: {identical}")
+    if args.json:
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if not all(r["bytes_identical_to_1_thread"] for r in records):
+        raise SystemExit("stores written with more threads differ from the 1-thread store")
+
+
+if __name__ == "__main__":
+    main()

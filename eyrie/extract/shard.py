@@ -40,6 +40,8 @@ from eyrie.store.background import start_writer
 from eyrie.store.lock import StoreLock
 
 log = logging.getLogger("eyrie.extract.shard")
+# extract settings that change only speed: left out of a store's provenance
+WRITER_KNOBS = ("writer_threads",)
 
 __all__ = [
     "ERROR_COLUMNS",
@@ -125,7 +127,8 @@ def extract_shard(
     sources = {r.line: r.source for r in members}
     settings = {
         "capture": {**capture, "aux_layer_ids": aux_ids},
-        "extract": dict(extract),
+        # how fast the writer goes is no part of what the store holds (nor a reason to restart)
+        "extract": {k: v for k, v in extract.items() if k not in WRITER_KNOBS},
         "max_tokens": int(max_tokens),
         "commit_every": commit_every,
         "architecture": ready.architecture,
@@ -159,6 +162,7 @@ def extract_shard(
             chunk_tokens=int(extract.get("chunk_tokens", 256)),
             shard_tokens=int(extract.get("shard_tokens", 16384)),
             precision=str(extract.get("precision", "lossless")),
+            writer_threads=extract.get("writer_threads", "auto"),
         )
         try:
             groups, bar = resume_plan(

@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tiny_target, for a stand-in when toy-llama is absent
 
-from eyrie.extract.job import batches, groups_to_do  # noqa: E402
+from eyrie.extract.job import batches as batched  # noqa: E402
+from eyrie.extract.job import groups_to_do  # noqa: E402
 from eyrie.extract.shard import extract_shard  # noqa: E402
 from eyrie.extract.split import read_split, tokenize  # noqa: E402
 from eyrie.target.load import load_target, resolve_device  # noqa: E402
@@ -147,7 +148,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     batches = [
         [group[i].input_ids for i in batch]
         for group in groups_to_do(good, commit_every, set(), set())
-        for batch in batches(group, args.batch_size)
+        for batch in batched(group, args.batch_size)
     ]
     pad = target.tokenizer.pad_token_id or 0
     tokens = sum(len(g.input_ids) for g in good)

@@ -30,16 +30,22 @@ from eyrie.target.toy.tokenizer import (
 SEED = 1234
 
 
-def toy_llama_config(tokenizer):
+# toy-llama's shape; `--layers 24 --hidden 128 --intermediate 352 --heads 4` gives
+# toy-llama-deep, a target as deep as real ones relative to a one-layer drafter.
+SHAPE = {"layers": 8, "hidden": 256, "intermediate": 704, "heads": 8, "kv_heads": 2}
+
+
+def toy_llama_config(tokenizer, shape: dict | None = None):
     from transformers import LlamaConfig
 
+    shape = {**SHAPE, **(shape or {})}
     return LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=704,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,  # GQA: 4 query heads share each key/value head
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],  # GQA: query heads share key/value heads
         max_position_embeddings=1024,
         rope_theta=10000.0,
         rms_norm_eps=1e-5,
@@ -107,7 +113,7 @@ def train(args) -> dict:
     print(f"train tokens {len(train_ids):,}  held-out tokens {len(held_ids):,}", flush=True)
 
     device = torch.device(args.device)
-    cfg = toy_llama_config(tokenizer)
+    cfg = toy_llama_config(tokenizer, {k: getattr(args, k) for k in SHAPE})
     model = LlamaForCausalLM(cfg).to(device)
     print(f"parameters {sum(p.numel() for p in model.parameters()):,}", flush=True)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -168,6 +174,8 @@ def main(argv=None) -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=250)
+    for key, value in SHAPE.items():
+        p.add_argument(f"--{key.replace('_', '-')}", type=int, default=value, dest=key)
     p.add_argument("--tokenizer-only", action="store_true")
     p.add_argument("--retrain-tokenizer", action="store_true")
     train(p.parse_args(argv))

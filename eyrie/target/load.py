@@ -61,19 +61,14 @@ class Target:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """auto takes CUDA when present; cuda without a GPU is an error rather than a silent CPU run."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise TargetError(
-                "capture.device is 'cuda' but torch sees no CUDA device "
-                f"(torch {torch.__version__}); use 'auto' or 'cpu', or run on a GPU node"
-            )
-        return torch.device("cuda")
-    if device == "cpu":
-        return torch.device("cpu")
-    raise TargetError(f"capture.device: {device!r} is not one of auto, cpu, cuda")
+    """capture.device as a torch device (eyrie.common.device's one rule); errors are the
+    target's: cuda without a GPU is refused rather than run silently on the CPU."""
+    from eyrie.common.device import DeviceError, pick_device
+
+    try:
+        return pick_device(device, "capture.device")
+    except DeviceError as exc:
+        raise TargetError(f"{exc} (torch {torch.__version__})") from None
 
 
 def capture_dtype(device: torch.device) -> torch.dtype:

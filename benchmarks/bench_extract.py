@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import statistics
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tiny_target, for a stand-in when toy-llama is absent
 
+from eyrie.common.provenance import machine as provenance_machine  # noqa: E402
 from eyrie.extract.job import batches as batched  # noqa: E402
 from eyrie.extract.job import groups_to_do  # noqa: E402
 from eyrie.extract.shard import extract_shard  # noqa: E402
@@ -47,18 +47,12 @@ from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
 
 def machine(device: str) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "none"
+    """One line from eyrie.common.provenance.machine(), plus the host and platform."""
+    m = provenance_machine()
+    gpu = m["gpu"] if device == "cuda" else "none"
     return (
-        f"{platform.node()} | {platform.platform()} | CPU {cpu}, {os.cpu_count()} cores, "
-        f"torch threads {torch.get_num_threads()} | GPU {gpu} | torch {torch.__version__}"
+        f"{platform.node()} | {platform.platform()} | CPU {m['cpu']}, {m['cpu_cores']} cores, "
+        f"torch threads {m['torch_threads']} | GPU {gpu} | torch {m['torch']}"
     )
 
 

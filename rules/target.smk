@@ -9,6 +9,7 @@ rule build_toy_deepseek:
         config=f"{R}/targets/{TOY_DEEPSEEK}/config.json",
         weights=f"{R}/targets/{TOY_DEEPSEEK}/model.safetensors",
     params:
+        builder="deepseek",  # eyrie.target.toy.deepseek
         seed=config["target"]["toy_seed"],
         tiny=config["target"]["toy_tiny"],
     log:
@@ -18,7 +19,7 @@ rule build_toy_deepseek:
     conda:
         "../envs/eyrie.yaml"
     script:
-        "../scripts/build_toy_deepseek.py"
+        "../scripts/build_toy.py"
 
 
 rule build_toy_kimi:
@@ -28,6 +29,7 @@ rule build_toy_kimi:
         config=f"{R}/targets/{TOY_KIMI}/config.json",
         weights=f"{R}/targets/{TOY_KIMI}/model.safetensors",
     params:
+        builder="kimi",  # eyrie.target.toy.kimi
         seed=config["target"]["toy_seed"],
         tiny=config["target"]["toy_tiny"],
     log:
@@ -37,4 +39,4 @@ rule build_toy_kimi:
     conda:
         "../envs/eyrie.yaml"
     script:
-        "../scripts/build_toy_kimi.py"
+        "../scripts/build_toy.py"

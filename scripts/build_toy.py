@@ -1,12 +1,14 @@
-"""Snakemake adapter for rule build_toy_deepseek: eyrie.target.toy.deepseek.build."""
+"""Snakemake adapter for rules build_toy_deepseek and build_toy_kimi: the `build` of the toy
+module the rule names in params.builder (eyrie.target.toy.deepseek or eyrie.target.toy.kimi)."""
 
+import importlib
 from pathlib import Path
 
 from eyrie.common.adapter import rule_log
-from eyrie.target.toy.deepseek import build
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
+build = importlib.import_module(f"eyrie.target.toy.{sm.params.builder}").build
 with rule_log(sm, threads=False):
     out = build(
         Path(sm.output.config).parent,

@@ -24,7 +24,7 @@ def check_target_folder():
     """Stop at parse time when target.path names no model folder (else Snakemake would report a
     MissingInputException for its config.json)."""
     path = config["target"]["path"]
-    if path == TOY_DEEPSEEK or os.path.isfile(os.path.join(path, "config.json")):
+    if path in TOYS or os.path.isfile(os.path.join(path, "config.json")):
         return
     if not os.path.exists(path):
         what = "does not exist"
@@ -35,7 +35,7 @@ def check_target_folder():
     print(
         f"eyrie: target.path is {path!r}, but the folder {os.path.abspath(path)} {what}. Set "
         "target.path to a Hugging Face model folder (config.json, the weights and the "
-        f"tokenizer), or to {TOY_DEEPSEEK!r} for the toy the workflow builds.",
+        f"tokenizer), or to one of the toys the workflow builds: {', '.join(TOYS)}.",
         file=sys.stderr,
     )
     raise SystemExit(1)

@@ -109,6 +109,13 @@ def test_snakemake_stops_at_a_target_folder_without_config_json(tmp_path):
         assert len((run.stdout + run.stderr).splitlines()) < 10, run.stderr
 
 
+@pytest.mark.parametrize("toy", ["toy-deepseek", "toy-kimi-k25"])
+def test_snakemake_takes_each_toy_the_workflow_builds(tmp_path, toy):
+    run = snakemake_dry_run(tmp_path, {"target": {"path": toy}})
+    assert run.returncode == 0, run.stderr
+    assert f"results/targets/{toy}/config.json" in run.stdout + run.stderr
+
+
 def test_readme_config_reference_is_current():
     readme = (ROOT / "README.md").read_text()
     assert reference() in readme, "regenerate with: eyrie config --reference"

@@ -10,27 +10,17 @@ only SGLang 0.5.12's source from the verify cache.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
-from e2e.harness import StepError
+from e2e.harness import StepError, why_no_gpu_run
 from e2e.kimi_controls import no_delegation, remove_delegation
 from e2e.kimi_e2e import main
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _gpu_and_sglang() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if importlib.util.find_spec("sglang") is None:
-        return "sglang is not installed"
-    return None
 
 
 def _release(version: str):
@@ -65,7 +55,7 @@ def _check(summary: dict, min_samples: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_gpu_and_sglang() is not None, reason=str(_gpu_and_sglang()))
+@pytest.mark.skipif(why_no_gpu_run() is not None, reason=str(why_no_gpu_run()))
 def test_kimi_wrapper_end_to_end_on_a_gpu(tmp_path):
     _check(_run(tmp_path), min_samples=60)
 

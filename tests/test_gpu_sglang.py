@@ -9,21 +9,12 @@ With EYRIE_FULL_TESTS=1 the same steps are also rehearsed on the CPU against the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import pytest
-import torch
+from e2e.harness import why_no_gpu_run
 from e2e.sglang_e2e import main
-
-
-def _gpu_and_sglang() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if importlib.util.find_spec("sglang") is None:
-        return "sglang is not installed"
-    return None
 
 
 def _run(tmp_path, *extra) -> dict:
@@ -43,7 +34,7 @@ def _check(summary: dict, min_samples: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_gpu_and_sglang() is not None, reason=str(_gpu_and_sglang()))
+@pytest.mark.skipif(why_no_gpu_run() is not None, reason=str(why_no_gpu_run()))
 def test_sglang_backend_end_to_end_on_a_gpu(tmp_path):
     summary = _run(tmp_path)
     _check(summary, min_samples=200)

@@ -87,8 +87,8 @@ class Echo:
     """Answers with the prompt's last tokens (the turn's own question, so each answer differs);
     answer number `empty_at` is empty, `cut_at` runs to the limit, `fail_at` raises."""
 
-    def __init__(self, tokenizer, empty_at=(), cut_at=(), fail_at=None):
-        self.tok, self.calls, self.n = tokenizer, 0, 0
+    def __init__(self, empty_at=(), cut_at=(), fail_at=None):
+        self.calls, self.n = 0, 0
         self.empty_at, self.cut_at, self.fail_at = set(empty_at), set(cut_at), fail_at
 
     def generate(self, prompts):
@@ -116,9 +116,9 @@ def stage(tmp_path, name, records, factory, settings=SETTINGS):
 def test_a_killed_run_resumes_to_what_an_uninterrupted_run_writes(tmp_path):
     tok = load_tokenizer(TOY)
     records = shipped(7) + shipped(3, multi_turn=True)
-    whole = stage(tmp_path, "whole", records, lambda *a: (Echo(tok), tok, 1024))
+    whole = stage(tmp_path, "whole", records, lambda *a: (Echo(), tok, 1024))
     with pytest.raises(RuntimeError, match="out of memory"):  # dies in chunk 2 (of 3)
-        stage(tmp_path, "cut", records, lambda *a: (Echo(tok, fail_at=3), tok, 1024))
+        stage(tmp_path, "cut", records, lambda *a: (Echo(fail_at=3), tok, 1024))
     work = tmp_path / "cut" / ".work" / "train.jsonl"
     assert len(read_work(work)) == 4  # chunk 1 kept; nothing of the failed chunk
     with open(work, "ab") as fh:  # and a line torn by a kill
@@ -127,7 +127,7 @@ def test_a_killed_run_resumes_to_what_an_uninterrupted_run_writes(tmp_path):
 
     def again(*a):
         calls.append(1)
-        return Echo(tok), tok, 1024
+        return Echo(), tok, 1024
 
     resumed = stage(tmp_path, "cut", records, again)
     assert calls == [1]
@@ -154,7 +154,7 @@ def test_bad_answers_are_counted_by_kind_and_counts_add_up(tmp_path):
     )
     # answers 1 and 3 (of conversations 0 and 2) empty, answer 2 cut at the limit
     summary = stage(
-        tmp_path, "o", records, lambda *a: (Echo(tok, empty_at={1, 3}, cut_at={2}), tok, 400)
+        tmp_path, "o", records, lambda *a: (Echo(empty_at={1, 3}, cut_at={2}), tok, 400)
     )
     c = summary["counts"]
     assert (c["input"], c["generated"], c["skipped"], c["failed"]) == (6, 2, 4, 0)
@@ -179,10 +179,10 @@ def test_a_second_job_on_the_same_split_is_refused(tmp_path):
     with open(work, "ab") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         with pytest.raises(RegenerateError, match="locked by another regenerate job"):
-            stage(tmp_path, "w", shipped(2), lambda *a: (Echo(tok), tok, 1024))
+            stage(tmp_path, "w", shipped(2), lambda *a: (Echo(), tok, 1024))
 
 
 def test_max_new_tokens_beyond_the_target_positions_is_refused(tmp_path):
     tok = load_tokenizer(TOY)
     with pytest.raises(RegenerateError, match="regenerate.max_new_tokens"):
-        stage(tmp_path, "m", shipped(2), lambda *a: (Echo(tok), tok, 16))
+        stage(tmp_path, "m", shipped(2), lambda *a: (Echo(), tok, 16))

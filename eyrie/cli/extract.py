@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from eyrie.cli.config import load_for
-from eyrie.common.layout import Layout
+from eyrie.common.layout import Layout, shard_name
 
 
 def add_arguments(parser) -> None:
@@ -33,7 +33,7 @@ def run(args) -> int:
         return 2
     layout = Layout.of(cfg)
     store = Path(args.store or layout.store(args.split, args.shard))
-    errors = Path(args.errors or store.with_name(layout.errors(args.split, args.shard).name))
+    errors = Path(args.errors or store.with_name(f"{shard_name(args.shard)}.errors.csv"))
     out = extract_shard(
         data_path=args.data or layout.conversations(cfg, args.split),
         target_path=configured_dir(cfg),

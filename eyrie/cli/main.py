@@ -2,7 +2,7 @@
 
 SUBCOMMANDS below maps each subcommand to the eyrie.cli module that implements it. Such a module
 defines `add_arguments(parser)` and `run(args) -> exit code` (a module may serve several
-subcommands and read `args.command`). Modules are imported only when their subcommand runs, so
+subcommands). Modules are imported only when their subcommand runs, so
 `eyrie --help` stays fast. An EyrieError (a bad input, named with its fix) is caught here once
 and printed as one line with exit code 1; anything else is a bug and keeps its traceback.
 """
@@ -60,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
         sub = argparse.ArgumentParser(prog=f"eyrie {argv[0]}", description=SUBCOMMANDS[argv[0]][1])
         module.add_arguments(sub)
         args = sub.parse_args(argv[1:])
-        args.command = argv[0]
         try:
             return int(module.run(args) or 0)
         except EyrieError as exc:

@@ -65,10 +65,6 @@ class Layout:
     def errors(self, split: str, shard: int | str) -> Path:
         return self.store_dir(split) / f"{shard_name(shard)}.errors.csv"
 
-    def stores(self, split: str) -> list[Path]:
-        """The split's stores that exist, in shard order."""
-        return sorted(self.store_dir(split).glob("shard-*.zarr"))
-
     def export(self, engine: str) -> Path:
         return self.root / "export" / engine
 

@@ -18,7 +18,7 @@ from eyrie.data.chat_tokens import render
 # Outcome of one conversation.
 GENERATED = "generated"  # every assistant turn is the target's (some may be cut at the limit)
 SKIPPED = "skipped"  # no assistant turn could be regenerated (the kind says why)
-FAILED = "failed"  # generation raised an error for this conversation's batch
+FAILED = "failed"  # counted for backends that lose single requests; hf stops the job instead
 
 
 @dataclass
@@ -46,8 +46,8 @@ def regenerate_conversations(
 ) -> list[Outcome]:
     """Outcomes of `records` (prepared dataset lines) with their assistant turns regenerated.
 
-    An exception of the generator marks every conversation of the round FAILED and is raised
-    again: the caller decides whether the run stops (a failed batch is never written as done).
+    An exception of the generator is not caught: nothing of the chunk is written, and a rerun
+    regenerates it (the stage's resume).
     """
     outcomes = [Outcome(first_index + k, SKIPPED, None) for k in range(len(records))]
     kept: list[list[dict]] = [[] for _ in records]  # messages so far, answers the target's
@@ -71,13 +71,7 @@ def regenerate_conversations(
             asks.append((k, ids))
         if not asks:
             break
-        try:
-            answers = generator.generate([ids for _, ids in asks])
-        except Exception as exc:
-            for k, _ in asks:
-                outcomes[k].status = FAILED
-                outcomes[k].kinds[f"error: {type(exc).__name__}"] += 1
-            raise
+        answers = generator.generate([ids for _, ids in asks])  # an error stops the chunk
         live = []
         for (k, _), answer in zip(asks, answers, strict=True):
             text = tokenizer.decode(answer.ids, skip_special_tokens=True).strip()
@@ -94,7 +88,7 @@ def regenerate_conversations(
         msgs = kept[k]
         while msgs and msgs[-1]["role"] != "assistant":  # a question left without its answer
             msgs.pop()
-        if outcomes[k].status != FAILED and msgs:
+        if msgs:
             outcomes[k].status = GENERATED
             outcomes[k].record = {**rec, "messages": msgs}
     return outcomes

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from eyrie.common.atomic import write_text
+from eyrie.common.layout import Layout
 from eyrie.common.provenance import file_sha256, package_versions
 from eyrie.target.files import (
     KEY,
@@ -176,5 +177,5 @@ def configured_dir(config: dict) -> Path:
     """The target folder a workflow config names (a toy is built under results/targets/)."""
     path = config["target"]["path"]
     if path in TOYS:
-        return Path(config.get("results", "results")) / "targets" / path
+        return Layout.of(config).targets() / path
     return Path(path)

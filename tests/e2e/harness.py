@@ -34,6 +34,19 @@ REPO = Path(__file__).resolve().parents[2]
 STANDIN = [sys.executable, str(Path(__file__).resolve().with_name("standin.py"))]
 
 
+def why_no_gpu_run() -> str | None:
+    """Why the GPU end-to-end tests skip here (no CUDA device, no sglang), or None to run."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if importlib.util.find_spec("sglang") is None:
+        return "sglang is not installed"
+    return None
+
+
 class StepError(RuntimeError):
     """A step failed; the message says which and carries the relevant log tail."""
 

@@ -19,6 +19,12 @@ import torch
 import yaml
 
 
+def default_target() -> str:
+    """The shipped config's target, which is what the run's stores were made from by default."""
+    cfg = Path(__file__).resolve().parents[1] / "config.yaml"
+    return str(yaml.safe_load(cfg.read_text())["target"]["path"])
+
+
 def parse_value(v: str):
     return yaml.safe_load(v)
 
@@ -27,12 +33,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
     ap.add_argument("--results", default="results")
-    ap.add_argument("--target", default="models/toy-llama")
+    ap.add_argument("--target", default=default_target(), help="default: config.yaml's")
     ap.add_argument("--set", nargs="*", default=[], help="train settings, key=value (YAML)")
     ap.add_argument("--vocab-size", type=int, help="rebuild the draft vocabulary at this size")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log", default="benchmarks/ablation.jsonl")
     ap.add_argument("--accept-steps", type=int, help="also score K drafts like eyrie evaluate")
+    ap.add_argument("--keep-drafter", help="copy the trained drafter folder here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -77,6 +84,9 @@ def main() -> None:
                 steps=args.accept_steps,
                 max_len=int(settings["max_len"]),
             )
+        if args.keep_drafter:
+            shutil.rmtree(args.keep_drafter, ignore_errors=True)
+            shutil.copytree(Path(tmp) / "out" / "drafter", args.keep_drafter)
         keep = Path("benchmarks/out/ablation")
         keep.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(tmp) / "out" / "metrics.csv", keep / f"{args.name}.metrics.csv")

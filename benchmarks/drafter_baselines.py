@@ -20,6 +20,13 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
+
+
+def default_target() -> str:
+    """The shipped config's target, which is what the run's stores were made from by default."""
+    cfg = Path(__file__).resolve().parents[1] / "config.yaml"
+    return str(yaml.safe_load(cfg.read_text())["target"]["path"])
 
 
 def main() -> None:
@@ -27,7 +34,7 @@ def main() -> None:
     ap.add_argument("--results", default="results", help="a run's results folder")
     ap.add_argument("--train-stores", nargs="+", help="default: {results}/store/train/*.zarr")
     ap.add_argument("--heldout-stores", nargs="+", help="default: {results}/store/heldout/*")
-    ap.add_argument("--target", default="models/toy-llama", help="the target's HF folder")
+    ap.add_argument("--target", default=default_target(), help="default: config.yaml's")
     ap.add_argument("--max-len", type=int, default=512, help="train.max_len of the run")
     ap.add_argument("--drafter-json", nargs="*", help="acceptance.json / heldout.json to show")
     ap.add_argument("--probe-epochs", type=int, default=3)

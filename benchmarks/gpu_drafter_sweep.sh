@@ -4,45 +4,48 @@
 # the draft vocabulary, measures the baselines, then trains each variant with
 # benchmarks/ablate_drafter.py (fp32, so figures compare with the CPU ablation), PARALLEL at a
 # time. Every record goes to $OUT/sweep.jsonl; logs to $OUT/logs.
-#   OUT=/tmp/sweep [REGEN=1] benchmarks/gpu_drafter_sweep.sh [--skip-extract] [NAME=SETTINGS ...]
-# REGEN=1: the target first regenerates both splits (eyrie regenerate, on the GPU) and the
-# stores are made of its own answers.
+#   OUT=/tmp/sweep [REGEN=1] [RESULTS=results] benchmarks/gpu_drafter_sweep.sh [--skip-extract] \
+#       [NAME=SETTINGS ...]
+# REGEN=1: the target first regenerates both splits (eyrie regenerate, on the GPU, REGEN_BATCH
+# conversations at a time) and the stores are made of its own answers. The target is config.yaml's.
+# Every trained drafter is kept in ${KEEP:-$OUT/drafters}/NAME (for benchmarks/bench_speculate.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/sweep}; PARALLEL=${PARALLEL:-4}
+OUT=${OUT:-/tmp/sweep}; PARALLEL=${PARALLEL:-4}; R=${RESULTS:-results}
 mkdir -p "$OUT/logs"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 skip=0; [ "${1:-}" = --skip-extract ] && { skip=1; shift; }
 cfg=$OUT/config.yaml
-python3 - "$cfg" <<'PY'
+python3 - "$cfg" "$R" "${REGEN_BATCH:-64}" <<'PY'
 import sys, yaml
 c = yaml.safe_load(open("config.yaml"))
 c["capture"]["device"] = "cuda"
-c["regenerate"].update(device="cuda", batch_size=64)
-c["results"] = "results"
+c["regenerate"].update(device="cuda", batch_size=int(sys.argv[3]))
+c["results"] = sys.argv[2]
 yaml.safe_dump(c, open(sys.argv[1], "w"))
 PY
+target=$(python3 -c "import yaml; print(yaml.safe_load(open('config.yaml'))['target']['path'])")
 if [ $skip = 0 ]; then
   t0=$(date +%s)
   # the prepared splits (rule prepare_dataset); a machine without Snakemake may bring them along
-  [ -f results/data/heldout.jsonl ] || python3 -m snakemake --cores 8 --configfile "$cfg" \
-    results/data/train.jsonl results/data/heldout.jsonl > "$OUT/logs/dataset.log" 2>&1
+  [ -f $R/data/heldout.jsonl ] || python3 -m snakemake --cores 8 --configfile "$cfg" \
+    $R/data/train.jsonl $R/data/heldout.jsonl > "$OUT/logs/dataset.log" 2>&1
   data=data
   if [ "${REGEN:-0}" = 1 ]; then
     for split in train heldout; do
       python3 -m eyrie.cli.main regenerate --config "$cfg" --split $split --no-progress \
         > "$OUT/logs/regenerate-$split.log" 2>&1 &
     done; wait
-    tail -n 1 "$OUT"/logs/regenerate-*.log; cp results/regen/*.summary.json "$OUT/"
+    tail -n 1 "$OUT"/logs/regenerate-*.log; cp $R/regen/*.summary.json "$OUT/"
     data=regen
   fi
   for split in train heldout; do for shard in 0 1; do
     python3 -m eyrie.cli.main extract --config "$cfg" --split $split --shard $shard --no-progress \
-      --data results/$data/$split.jsonl > "$OUT/logs/extract-$split-$shard.log" 2>&1 &
+      --data $R/$data/$split.jsonl > "$OUT/logs/extract-$split-$shard.log" 2>&1 &
   done; done; wait
   python3 -m eyrie.cli.main draft-vocab --config "$cfg" > "$OUT/logs/vocab.log" 2>&1
   echo "stores and vocabulary in $(( $(date +%s) - t0 )) s"; tail -n 1 "$OUT"/logs/extract-*.log
-  python3 benchmarks/drafter_baselines.py --results results --threads 8 --json "$OUT/baselines.json" \
+  python3 benchmarks/drafter_baselines.py --results $R --target "$target" --threads 8 --json "$OUT/baselines.json" \
     > "$OUT/logs/baselines.log" 2>&1 &
 fi
 base="epochs=4 batch_size=4 ttt_steps=1 attn_init=self lr=0.003 warmup_steps=10 device=cuda precision=fp32 num_workers=2"
@@ -50,8 +53,8 @@ variants=("$@")
 pids=()
 for v in "${variants[@]}"; do
   name=${v%%=*}; sets=${v#*=}
-  python3 benchmarks/ablate_drafter.py --name "$name" --results results --threads 2 \
-    --log "$OUT/sweep.jsonl" --set $base $sets > "$OUT/logs/$name.log" 2>&1 &
+  python3 benchmarks/ablate_drafter.py --name "$name" --results $R --target "$target" --threads 2 \
+    --keep-drafter "${KEEP:-$OUT/drafters}/$name" --log "$OUT/sweep.jsonl" --set $base $sets > "$OUT/logs/$name.log" 2>&1 &
   pids+=($!)
   [ ${#pids[@]} -ge "$PARALLEL" ] && { wait "${pids[@]}" || true; pids=(); }
 done

@@ -280,6 +280,11 @@ def test_config_from_llama_and_mla_targets():
         )
     with pytest.raises(DrafterError, match="draft_vocab_size"):
         DrafterConfig.from_target(llama, num_aux=3, draft_vocab_size=5000)
+    # a misspelt key (here YAML's "{intermediate_size:704}", one key with no value) is refused
+    with pytest.raises(DrafterError, match=r"unknown keys \['intermediate_size:704'\]"):
+        DrafterConfig.from_target(
+            llama, num_aux=3, draft_vocab_size=10, overrides={"intermediate_size:704": None}
+        )
 
 
 def write_target(folder, tensors: dict, *, tied=False, shards=None, vocab=V, hidden=H):

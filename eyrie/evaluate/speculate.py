@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -130,7 +129,10 @@ class DraftRunner:
     """The trained drafter with a KV cache of verified rows, proposing chains of drafts.
 
     Uses the drafter's own modules; the attention is the training unroll's restricted to one
-    chain: causal over the verified rows, then each draft over the drafts before it.
+    chain: causal over the verified rows, then each draft over the drafts before it. Batch-1
+    drafting is a string of tiny operations, so the per-draft work is kept to the minimum: keys
+    and values live in buffers that grow by doubling (a crop only moves the length), only the
+    key/value heads are stored (SDPA reads them grouped), and rotary angles come from a table.
     """
 
     def __init__(self, drafter, embed):
@@ -140,16 +142,39 @@ class DraftRunner:
         self.reset()
 
     def reset(self) -> None:
-        self.k = self.v = None  # (1, heads, L, head_dim), key/value heads already repeated
+        self.k = self.v = None  # (1, kv heads, capacity, head_dim); rows [0, length) are valid
+        self._len = 0
+        self._cos = self._sin = None  # rotary table, (capacity, head_dim)
         self.last = None  # (1, 1, H): the last verified row's output, where drafting starts
 
     @property
     def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+        return self._len
 
     def crop(self, keep: int) -> None:
+        self._len = min(self._len, keep)
+
+    def cached(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The valid keys and values, (1, kv heads, length, head_dim) each."""
+        return self.k[:, :, : self._len], self.v[:, :, : self._len]
+
+    def _reserve(self, rows: int, like: torch.Tensor) -> None:
+        """Room for ``rows`` cached positions (buffers and rotary table), doubling as needed."""
+        attn = self.d.midlayer.self_attn
+        have = 0 if self.k is None else self.k.shape[2]
+        if rows <= have:
+            return
+        cap = max(rows, 2 * have, 256)
+        shape = (1, attn.nkv, cap, attn.hd)
+        k, v = like.new_zeros(shape), like.new_zeros(shape)
         if self.k is not None:
-            self.k, self.v = self.k[:, :, :keep], self.v[:, :, :keep]
+            k[:, :, : self._len], v[:, :, : self._len] = (
+                self.k[:, :, : self._len],
+                self.v[:, :, : self._len],
+            )
+        self.k, self.v = k, v
+        positions = torch.arange(cap, device=like.device)
+        self._cos, self._sin = rope_cos_sin(positions, attn.hd, attn.theta, like.dtype)
 
     def _layer(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """The midlayer on rows at positions start.., appended to the cache; (1, T, H)."""
@@ -159,21 +184,24 @@ class DraftRunner:
         q = attn.q_proj(x).view(1, T, attn.nh, attn.hd).transpose(1, 2)
         k = attn.k_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
         v = attn.v_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
-        positions = torch.arange(start, start + T, device=x.device)
-        cos, sin = rope_cos_sin(positions, attn.hd, attn.theta, q.dtype)
+        past = self._len
+        self._reserve(past + T, q)
+        cos, sin = self._cos[past : past + T], self._sin[past : past + T]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        rep = attn.nh // attn.nkv
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        past = self.length
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        scores = (q @ self.k.transpose(-1, -2)) / math.sqrt(attn.hd)  # (1, nh, T, past+T)
-        rows = torch.arange(T, device=x.device)[:, None] + past
-        cols = torch.arange(past + T, device=x.device)[None, :]
-        scores = scores.masked_fill(cols > rows, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out = (probs @ self.v).transpose(1, 2).reshape(1, T, attn.nh * attn.hd)
-        hidden = hidden + attn.o_proj(out)
+        self.k[:, :, past : past + T], self.v[:, :, past : past + T] = k, v
+        self._len = past + T
+        mask = None  # one row attends to every cached row and itself
+        if T > 1:  # rows past.. attend causally: row i sees columns <= past + i
+            rows = torch.arange(T, device=x.device)[:, None] + past
+            mask = torch.arange(past + T, device=x.device)[None, :] <= rows
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            self.k[:, :, : self._len],
+            self.v[:, :, : self._len],
+            attn_mask=mask,
+            enable_gqa=attn.nh != attn.nkv,
+        )
+        hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(1, T, attn.nh * attn.hd))
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
     @torch.inference_mode()

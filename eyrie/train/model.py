@@ -120,6 +120,12 @@ class DrafterConfig:
             rope_theta=float(rope.get("rope_theta") or t.get("rope_theta") or 10000.0),
             max_position_embeddings=int(t.get("max_position_embeddings", 4096)),
         )
+        unknown = sorted(set(overrides or {}) - {f.name for f in fields(cls)})
+        if unknown:
+            raise DrafterError(
+                f"train.drafter has unknown keys {unknown}; expected some of "
+                "intermediate_size, num_attention_heads, num_key_value_heads, head_dim"
+            )
         values.update({k: v for k, v in (overrides or {}).items() if v is not None})
         return cls(**values)
 

@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 
 def default_target() -> str:
-    """The shipped config's target, which is what the run's stores were made from by default."""
-    cfg = Path(__file__).resolve().parents[1] / "config.yaml"
-    return str(yaml.safe_load(cfg.read_text())["target"]["path"])
+    """The shipped config's target (validated by the project's loader): what a default run's
+    stores were made from."""
+    from eyrie.common.config import load
+
+    return load(Path(__file__).resolve().parents[1] / "config.yaml")["target"]["path"]
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ c["regenerate"].update(device="cuda", batch_size=int(sys.argv[3]))
 c["results"] = sys.argv[2]
 yaml.safe_dump(c, open(sys.argv[1], "w"))
 PY
-target=$(python3 -c "import yaml; print(yaml.safe_load(open('config.yaml'))['target']['path'])")
 if [ $skip = 0 ]; then
   t0=$(date +%s)
   # the prepared splits (rule prepare_dataset); a machine without Snakemake may bring them along
@@ -45,7 +44,7 @@ if [ $skip = 0 ]; then
   done; done; wait
   python3 -m eyrie.cli.main draft-vocab --config "$cfg" > "$OUT/logs/vocab.log" 2>&1
   echo "stores and vocabulary in $(( $(date +%s) - t0 )) s"; tail -n 1 "$OUT"/logs/extract-*.log
-  python3 benchmarks/drafter_baselines.py --results $R --target "$target" --threads 8 --json "$OUT/baselines.json" \
+  python3 benchmarks/drafter_baselines.py --results $R --threads 8 --json "$OUT/baselines.json" \
     > "$OUT/logs/baselines.log" 2>&1 &
 fi
 base="epochs=4 batch_size=4 ttt_steps=1 attn_init=self lr=0.003 warmup_steps=10 device=cuda precision=fp32 num_workers=2"
@@ -53,7 +52,7 @@ variants=("$@")
 pids=()
 for v in "${variants[@]}"; do
   name=${v%%=*}; sets=${v#*=}
-  python3 benchmarks/ablate_drafter.py --name "$name" --results $R --target "$target" --threads 2 \
+  python3 benchmarks/ablate_drafter.py --name "$name" --results $R --threads 2 \
     --keep-drafter "${KEEP:-$OUT/drafters}/$name" --log "$OUT/sweep.jsonl" --set $base $sets > "$OUT/logs/$name.log" 2>&1 &
   pids+=($!)
   [ ${#pids[@]} -ge "$PARALLEL" ] && { wait "${pids[@]}" || true; pids=(); }

@@ -168,10 +168,8 @@ class DraftRunner:
         shape = (1, attn.nkv, cap, attn.hd)
         k, v = like.new_zeros(shape), like.new_zeros(shape)
         if self.k is not None:
-            k[:, :, : self._len], v[:, :, : self._len] = (
-                self.k[:, :, : self._len],
-                self.v[:, :, : self._len],
-            )
+            old_k, old_v = self.cached()
+            k[:, :, : self._len], v[:, :, : self._len] = old_k, old_v
         self.k, self.v = k, v
         positions = torch.arange(cap, device=like.device)
         self._cos, self._sin = rope_cos_sin(positions, attn.hd, attn.theta, like.dtype)
@@ -185,8 +183,8 @@ class DraftRunner:
         k = attn.k_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
         v = attn.v_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
         past = self._len
-        self._reserve(past + T, q)
-        cos, sin = self._cos[past : past + T], self._sin[past : past + T]
+        self._reserve(max(past, start) + T, q)  # start == past in every caller
+        cos, sin = self._cos[start : start + T], self._sin[start : start + T]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         self.k[:, :, past : past + T], self.v[:, :, past : past + T] = k, v
         self._len = past + T

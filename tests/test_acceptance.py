@@ -52,6 +52,47 @@ def test_hand_computed_example():
     assert m2.scored == [8, 6] and m2.acc == pytest.approx(m.acc)
 
 
+def test_decoding_walk_by_hand():
+    # the hand example above: turn 1 (positions 2, 3) starts at row 1, whose draft of token 3
+    # is wrong: one step, one token (the bonus). Turn 2 (5, 6) starts at row 4, whose draft of
+    # token 6 is right and ends the turn: one step, one token, no bonus.
+    greedy = torch.tensor([[10, 11, 12, 13, 14, 15, 16]])
+    mask = torch.tensor([[0, 0, 1, 1, 0, 1, 1]], dtype=torch.bool)
+    d0 = torch.tensor([[11, 99, 13, 99, 15, 0, 0]])
+    d1 = torch.tensor([[12, 13, 99, 99, 0, 0, 0]])
+    c = count_acceptance([d0, d1], greedy, mask)
+    assert c.walk_steps.tolist() == [2, 2] and c.walk_tokens.tolist() == [2, 2]
+    assert metrics(c).walk == [1.0, 1.0]
+
+
+def test_decoding_walk_every_draft_right():
+    # 12 positions, all assistant: tokens 2..11 are decoded (10 tokens). K = 1: 2 a step,
+    # 5 steps. K = 2: 3 + 3 + 3 + 1 (the last draft ends the turn: no bonus). K = 3: 4 + 4 + 2.
+    T = 12
+    greedy = torch.arange(100, 100 + T)[None]
+    drafts = [torch.roll(greedy, -(k + 1), dims=1) for k in range(3)]
+    m = metrics(count_acceptance(drafts, greedy, torch.ones(1, T, dtype=torch.bool)))
+    assert m.walk == pytest.approx([10 / 5, 10 / 4, 10 / 3])
+
+
+def test_decoding_walk_is_below_tau_when_acceptance_comes_in_runs():
+    # the first half all right, the second all wrong: tau + 1 averages over positions, the
+    # walk crosses the easy half in long steps and the hard half one token a step
+    T, K, half = 42, 3, 21
+    greedy = torch.arange(100, 100 + T)[None]
+    drafts = []
+    for k in range(K):
+        d = torch.roll(greedy, -(k + 1), dims=1).clone()
+        d[:, half - k - 1 :] = 0  # rows whose draft k lands in the second half are wrong
+        drafts.append(d)
+    c = count_acceptance(drafts, greedy, torch.ones(1, T, dtype=torch.bool))
+    m = metrics(c)
+    # tokens 2..41 (40); easy: rows 0, 4, 8, 12, 16 emit 4 each (tokens 2..21), hard: 20 steps
+    assert c.walk_tokens[-1] == 40 and c.walk_steps[-1] == 5 + 20
+    assert m.walk[-1] == pytest.approx(40 / 25)
+    assert m.tau_with_bonus[-1] > m.walk[-1] + 0.2
+
+
 def test_everything_right_gives_tau_k():
     T, K = 12, 3
     greedy = torch.arange(100, 100 + T)[None]

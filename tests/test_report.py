@@ -82,6 +82,17 @@ def write(files, speedup, online=None):
     return inp, build_report(inp, files / "report")
 
 
+def test_verdict_prefers_the_decoding_walk(files):
+    ev = files / "evaluate"
+    acc = {**ACCEPTANCE, "walk_accept_length_by_draft_tokens": [1.5, 1.8, 2.05]}
+    (ev / "acceptance.json").write_text(json.dumps(acc))
+    inp, written = write(files, 1.93)
+    first = verdict(inp)
+    assert "offline 2.05 tokens/verify step at 3 drafts (decoding walk; τ+1 2.62)" in first
+    summary = written["summary"].read_text()
+    assert "| 2 |" in summary and "| 2.05 |" in summary
+
+
 def test_report_files_and_verdict(files):
     inp, written = write(files, 1.93)
     assert set(written) == {"summary", *FIGURES}

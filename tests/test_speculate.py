@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_sglang import fake_server
 from tiny_target import build_llama
 
 from eyrie.evaluate import compare as cmp
@@ -320,48 +321,23 @@ def test_a_mismatch_in_any_repeat_makes_the_prompt_not_identical():
 # ---------------------------------------------------------------------------------------------
 # online SGLang client and lifecycle, against a fake server
 
-FAKE = r"""
-import argparse, json, subprocess, sys, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-p = argparse.ArgumentParser()
-p.add_argument("--port", type=int)
-p.add_argument("--speculative-algorithm")
-p.add_argument("--pid-file")
-a, _ = p.parse_known_args()
+FAKE = fake_server(
+    setup="""
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-open(a.pid_file, "a").write(f"{child.pid}\n")
+open(a.pid_file, "a").write(f"{child.pid}\\n")
 time.sleep(0.5)  # not ready at once
 print("fake server ready", a, flush=True)
-
-
-class H(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _send(self, code, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        self._send(200 if self.path == "/health" else 404, {})
-
-    def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        n = req["sampling_params"]["max_new_tokens"]
-        out = [(sum(req["input_ids"]) + i) % 97 for i in range(n)]
-        meta = {"completion_tokens": n}
-        if a.speculative_algorithm:
-            meta.update(spec_accept_length=2.5, spec_verify_ct=max(1, n // 2))
-        time.sleep(0.01 if a.speculative_algorithm else 0.02)
-        self._send(200, {"output_ids": out, "meta_info": meta})
-
-
-ThreadingHTTPServer(("127.0.0.1", a.port), H).serve_forever()
-"""
+""",
+    post="""
+n = req["sampling_params"]["max_new_tokens"]
+out = [(sum(req["input_ids"]) + i) % 97 for i in range(n)]
+meta = {"completion_tokens": n}
+if a.speculative_algorithm:
+    meta.update(spec_accept_length=2.5, spec_verify_ct=max(1, n // 2))
+time.sleep(0.01 if a.speculative_algorithm else 0.02)
+self._send(200, {"output_ids": out, "meta_info": meta})
+""",
+)
 
 
 def _alive(pid: int) -> bool:

@@ -20,6 +20,15 @@ Definitions, for a chain of K draft tokens per verify step (k = 0..K-1):
   length SpecForge reports); with it, tau + 1 = tokens emitted per verify step (the target
   always adds one token of its own: SGLang's spec_accept_length counts it).
 
+tau + 1 weights every position alike, but a decoder starts its verify steps only where the last
+one ended: after a long accepted chain it skips the easy positions, after a rejection it starts
+again where drafting just failed. Where acceptance comes in runs (repetitive text, the target's
+own regenerated answers), tokens per verify step in decoding is therefore below tau + 1. The
+**decoding walk** replays that: in each assistant turn it starts at the turn's first draftable
+row, accepts the right prefix of that row's K drafts, emits it and the bonus token, and jumps
+there; ``walk_accept_length`` = tokens emitted / verify steps, bonus included, the figure
+SGLang's spec_accept_length and eyrie.evaluate.speculate report for the same drafter.
+
 The drafts are fed the stored tokens (teacher forcing), as in training; in real decoding a
 draft after an accepted one is fed that draft, which is the same token only where the data
 follows the target's greedy path. eyrie.evaluate.speculate measures the real loop.
@@ -55,9 +64,12 @@ class AcceptanceCounts:
     chains: int = 0  # rows with all K steps scored
     chain_correct: np.ndarray = None  # (K,) full chains with drafts 0..k all right
     samples: int = 0
+    walk_steps: np.ndarray = None  # (K,) verify steps of the decoding walk with k+1 drafts
+    walk_tokens: np.ndarray = None  # (K,) tokens it emitted, bonus included
 
     def __post_init__(self):
-        for name in ("scored", "correct", "reachable", "chain_correct"):
+        for name in ("scored", "correct", "reachable", "chain_correct", "walk_steps",
+                     "walk_tokens"):  # fmt: skip
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros(self.steps, dtype=np.int64))
 
@@ -72,7 +84,32 @@ class AcceptanceCounts:
             self.chains + other.chains,
             self.chain_correct + other.chain_correct,
             self.samples + other.samples,
+            self.walk_steps + other.walk_steps,
+            self.walk_tokens + other.walk_tokens,
         )
+
+
+def decoding_walk(hits: np.ndarray, mask: np.ndarray, drafts: int) -> tuple[int, int]:
+    """(verify steps, tokens emitted) of decoding one sample with chains of ``drafts``.
+
+    ``hits`` (K, T) bool: row t's step-k draft is right. ``mask`` (T,) bool: assistant tokens.
+    Row t is a verify step's start when token t+1 was just emitted and t+2 is still to come in
+    the same turn (mask[t+1] and mask[t+2]); its step-k draft is token t+k+2.
+    """
+    T = mask.shape[0]
+    steps = tokens = 0
+    t = 0
+    while t + 2 < T:
+        if not (mask[t + 1] and mask[t + 2]):
+            t += 1
+            continue
+        a = 0
+        while a < drafts and t + a + 2 < T and mask[t + a + 2] and hits[a, t]:
+            a += 1
+        emitted = a + 1 if t + a + 2 < T and mask[t + a + 2] else a  # the bonus, if in the turn
+        steps, tokens = steps + 1, tokens + max(emitted, 1)
+        t += max(emitted, 1)
+    return steps, tokens
 
 
 def count_acceptance(
@@ -109,6 +146,15 @@ def count_acceptance(
     for k in range(K):
         chain = chain & hits[k][:, :n]
         out.chain_correct[k] = int(chain.sum())
+    hit_rows = np.zeros((B, K, T), dtype=bool)
+    for k, hit in enumerate(hits):
+        hit_rows[:, k, : hit.shape[1]] = hit.cpu().numpy()
+    mask_np = mask.cpu().numpy()
+    for b in range(B):
+        for k in range(K):
+            steps, tokens = decoding_walk(hit_rows[b], mask_np[b], k + 1)
+            out.walk_steps[k] += steps
+            out.walk_tokens[k] += tokens
     return out
 
 
@@ -120,6 +166,7 @@ class AcceptanceMetrics:
     chain: list[float]
     reachable: list[float]
     tau: list[float] = field(default_factory=list)  # tau[K'-1]: expected accepted, K' drafts
+    walk: list[float] = field(default_factory=list)  # walk[K'-1]: decoding walk, K' drafts
     scored: list[int] = field(default_factory=list)
     chains: int = 0
     samples: int = 0
@@ -142,6 +189,7 @@ class AcceptanceMetrics:
                 "reachable": self.reachable,
                 "tau": self.tau,
                 "tau_with_bonus": self.tau_with_bonus,
+                "walk_accept_length": self.walk,
             }
         )
 
@@ -158,6 +206,8 @@ class AcceptanceMetrics:
             "tau": self.tau[-1] if self.tau else 0.0,
             "tau_with_bonus": self.tau_with_bonus[-1] if self.tau else 1.0,
             "tau_by_draft_tokens": self.tau,
+            "walk_accept_length": self.walk[-1] if self.walk else 1.0,
+            "walk_accept_length_by_draft_tokens": self.walk,
         }
 
 
@@ -178,6 +228,7 @@ def metrics(c: AcceptanceCounts) -> AcceptanceMetrics:
         chain=chain,
         reachable=[_ratio(c.reachable[k], c.scored[k]) for k in range(K)],
         tau=[float(t) for t in tau],
+        walk=[_ratio(c.walk_tokens[k], c.walk_steps[k]) for k in range(K)],
         scored=[int(s) for s in c.scored],
         chains=int(c.chains),
         samples=int(c.samples),

@@ -134,7 +134,14 @@ def verdict(inp: Inputs) -> str:
     taus = a.get("tau_by_draft_tokens") or []
     if taus:  # offline tokens per verify step, at the measured number of drafts when scored
         K = k if k and k <= len(taus) else len(taus)
-        accs.append(f"offline {taus[K - 1] + 1:.2f} tokens/verify step at {K} drafts")
+        walk = a.get("walk_accept_length_by_draft_tokens") or []
+        if len(walk) >= K:  # what decoding the held-out answers would emit per verify step
+            accs.append(
+                f"offline {walk[K - 1]:.2f} tokens/verify step at {K} drafts (decoding walk; "
+                f"τ+1 {taus[K - 1] + 1:.2f})"
+            )
+        else:
+            accs.append(f"offline {taus[K - 1] + 1:.2f} tokens/verify step at {K} drafts")
     parts.append(", ".join(accs))
     errors = extraction_errors(inp)
     parts.append("extraction errors unknown" if errors is None else f"{errors} extraction errors")
@@ -211,6 +218,9 @@ def fig_tau(inp: Inputs, path: Path) -> None:
         ks = list(range(1, len(taus) + 1))
         ax.plot(ks, [t + 1 for t in taus], "o-", label="τ + 1: tokens per verify step (offline)")
         ax.plot(ks, taus, "s--", label="τ: accepted drafts per verify step (offline)")
+        walk = a.get("walk_accept_length_by_draft_tokens") or []
+        if len(walk) == len(ks):
+            ax.plot(ks, walk, "^-", label="decoding walk: tokens per verify step (offline)")
         ax.plot(ks, [k + 1 for k in ks], ":", color="gray", label="ceiling: every draft accepted")
         s = inp.speculate or {}
         if s.get("accept_length") and not _nan(s["accept_length"]):
@@ -365,19 +375,25 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
             f"{a.get('full_chains', '?')} full chains of {a.get('steps')} drafts)",
             "",
             "| draft position k | acc_k | acc_k given 0..k-1 accepted | drafts 0..k accepted "
-            "| greedy token in draft vocab | τ for K=k+1 | τ+1 |",
-            "|---|---|---|---|---|---|---|",
+            "| greedy token in draft vocab | τ for K=k+1 | τ+1 | decoding walk, K=k+1 |",
+            "|---|---|---|---|---|---|---|---|",
         ]
+        walk = a.get("walk_accept_length_by_draft_tokens") or []
         for k in range(a["steps"]):
             tau = a["tau_by_draft_tokens"][k]
+            w = f"{walk[k]:.2f}" if k < len(walk) else "n/a"
             lines.append(
                 f"| {k} | {_pct(a['acc'][k])} | {_pct(a['cond_acc'][k])} | "
-                f"{_pct(a['chain'][k])} | {_pct(a['reachable'][k])} | {tau:.2f} | {tau + 1:.2f} |"
+                f"{_pct(a['chain'][k])} | {_pct(a['reachable'][k])} | {tau:.2f} | {tau + 1:.2f} "
+                f"| {w} |"
             )
         lines += [
             "",
             "τ: expected drafts accepted per verify step (no bonus token, SpecForge's simulated "
-            "length); τ+1 adds the target's own token (SGLang's accept length).",
+            "length); τ+1 adds the target's own token. Decoding walk: the held-out answers "
+            "decoded verify step by verify step (each starts where the last one ended), tokens "
+            "emitted per step: what the transformers loop and SGLang's accept length measure; "
+            "below τ+1 where acceptance comes in runs.",
             "",
         ]
     else:

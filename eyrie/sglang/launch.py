@@ -119,12 +119,27 @@ def online_command(
     *,
     draft_path=None,
     draft_tokens: int = 3,
+    topk: int = 1,
+    verify_tokens: int | None = None,
     server_args: Sequence[str] = ONLINE_SERVER_ARGS,
     launcher: Sequence[str] = LAUNCHER,
 ) -> list[str]:
-    """The online server's command; with `draft_path`, EAGLE-3 chains of `draft_tokens`."""
+    """The online server's command; with `draft_path`, EAGLE-3 with `draft_tokens` draft steps:
+    a chain by default, a tree of `topk` branches per step verifying `verify_tokens` tokens
+    (SGLang's --speculative-num-draft-tokens; a chain verifies draft_tokens + 1)."""
     flags = list(server_args)
     if draft_path is not None:
+        if topk < 1 or draft_tokens < 1:
+            raise ServerError(
+                f"EAGLE-3 needs at least one draft step and topk >= 1 (got {draft_tokens} steps, "
+                f"topk {topk})"
+            )
+        verify = draft_tokens + 1 if topk == 1 else verify_tokens
+        if verify is None or (topk == 1 and verify_tokens not in (None, verify)):
+            raise ServerError(
+                f"a chain of {draft_tokens} drafts verifies {draft_tokens + 1} tokens; a tree "
+                f"(topk {topk}) needs verify_tokens: got {verify_tokens}"
+            )
         flags += [
             "--speculative-algorithm",
             "EAGLE3",
@@ -133,9 +148,9 @@ def online_command(
             "--speculative-num-steps",
             str(draft_tokens),
             "--speculative-eagle-topk",
-            "1",
+            str(topk),
             "--speculative-num-draft-tokens",
-            str(draft_tokens + 1),
+            str(verify),
         ]
     before = ["--skip-tokenizer-init"]
     return launch_command(model_path, port, launcher=launcher, before=before, flags=flags)

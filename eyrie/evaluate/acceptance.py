@@ -89,14 +89,15 @@ class AcceptanceCounts:
         )
 
 
-def decoding_walk(hits: np.ndarray, mask: np.ndarray, drafts: int) -> tuple[int, int]:
+def decoding_walk(hits, mask, drafts: int) -> tuple[int, int]:
     """(verify steps, tokens emitted) of decoding one sample with chains of ``drafts``.
 
-    ``hits`` (K, T) bool: row t's step-k draft is right. ``mask`` (T,) bool: assistant tokens.
+    ``hits`` (K, T) bool, nested lists or an array: row t's step-k draft is right. ``mask`` (T,)
+    bool: assistant tokens.
     Row t is a verify step's start when token t+1 was just emitted and t+2 is still to come in
     the same turn (mask[t+1] and mask[t+2]); its step-k draft is token t+k+2.
     """
-    T = mask.shape[0]
+    T = len(mask)
     steps = tokens = 0
     t = 0
     while t + 2 < T:
@@ -104,7 +105,7 @@ def decoding_walk(hits: np.ndarray, mask: np.ndarray, drafts: int) -> tuple[int,
             t += 1
             continue
         a = 0
-        while a < drafts and t + a + 2 < T and mask[t + a + 2] and hits[a, t]:
+        while a < drafts and t + a + 2 < T and mask[t + a + 2] and hits[a][t]:
             a += 1
         emitted = a + 1 if t + a + 2 < T and mask[t + a + 2] else a  # the bonus, if in the turn
         steps, tokens = steps + 1, tokens + max(emitted, 1)
@@ -151,8 +152,9 @@ def count_acceptance(
         hit_rows[:, k, : hit.shape[1]] = hit.cpu().numpy()
     mask_np = mask.cpu().numpy()
     for b in range(B):
+        rows, turn = hit_rows[b].tolist(), mask_np[b].tolist()  # Python scalars walk faster
         for k in range(K):
-            steps, tokens = decoding_walk(hit_rows[b], mask_np[b], k + 1)
+            steps, tokens = decoding_walk(rows, turn, k + 1)
             out.walk_steps[k] += steps
             out.walk_tokens[k] += tokens
     return out

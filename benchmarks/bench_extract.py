@@ -43,6 +43,7 @@ from eyrie.extract.job import batches as batched  # noqa: E402
 from eyrie.extract.job import groups_to_do  # noqa: E402
 from eyrie.extract.shard import extract_shard  # noqa: E402
 from eyrie.extract.split import read_split, tokenize  # noqa: E402
+from eyrie.store.codecs import shard_tokens_for  # noqa: E402
 from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
 
@@ -136,7 +137,6 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         "device": args.device,
         "batch_size": args.batch_size,
     }
-    extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": 16384}
     commit_every = max(args.batch_size, -(-args.commit_every // args.batch_size) * args.batch_size)
     good, _ = tokenize(target.tokenizer, read_split(data), args.max_tokens)
     batches = [
@@ -150,12 +150,14 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     bare_forward(target.model, batches[:2], pad, target.device)  # warm-up
     bare_forward(base, batches[:2], pad, target.device)
 
-    bare, bare_base, runs = [], [], {q: [] for q in args.writer_queue}
+    variants = [(q, st) for st in args.shard_tokens for q in args.writer_queue]
+    bare, bare_base, runs = [], [], {v: [] for v in variants}
     for r in range(args.repeats):
         bare.append(bare_forward(target.model, batches, pad, target.device))
         bare_base.append(bare_forward(base, batches, pad, target.device))
-        for q in args.writer_queue:
-            out_dir = tmp / f"{label}-q{q}-run{r}"
+        for q, st in variants:
+            extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
+            out_dir = tmp / f"{label}-q{q}-s{st}-run{r}"
             out = extract_shard(
                 data_path=data,
                 target_path=target_path,
@@ -174,7 +176,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             )
             stored = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
             shutil.rmtree(out_dir)
-            runs[q].append({**out.seconds, "stored": stored})
+            runs[q, st].append({**out.seconds, "stored": stored})
 
     med = statistics.median
     b, bb = med(bare), med(bare_base)
@@ -192,8 +194,11 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     print(f"bare forward (full model):      {b:8.3f} s  {tokens / b:10.0f} tok/s")
     print(f"bare forward (no lm_head):      {bb:8.3f} s  {tokens / bb:10.0f} tok/s")
     result = {"tokens": tokens, "bare": b, "bare_base": bb}
-    for q, rs in runs.items():
-        how = "inline writes (before)" if q == 0 else f"writer thread, queue {q}"
+    for (q, st), rs in runs.items():
+        how = "inline writes" if q == 0 else f"writer thread, queue {q}"
+        how += f", shard_tokens {st}" + (
+            f" (= {shard_tokens_for(st, 256, hidden, 3)})" if st == "auto" else ""
+        )
         loop = med(s["total"] - s["setup"] for s in rs)
         cap, wr, wait = (med(s[k] for s in rs) for k in ("capture", "write", "wait"))
         stored = rs[0]["stored"]
@@ -207,11 +212,11 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             f"{'met' if loop / b <= 1.10 else 'NOT met'}); / forward without lm_head "
             f"{loop / bb:.3f}x"
         )
-        result[q] = loop
-    if 0 in runs and len(runs) > 1:
-        for q in runs:
-            if q:
-                print(f"  writer thread (queue {q}) vs inline: {result[q] / result[0]:.3f}x time")
+        result[f"q{q}-s{st}"] = loop
+    first = f"q{variants[0][0]}-s{variants[0][1]}"
+    for q, st in variants[1:]:
+        name = f"q{q}-s{st}"
+        print(f"  {name} vs {first}: {result[name] / result[first]:.3f}x time")
     del target
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -235,6 +240,13 @@ def main(argv=None) -> int:
         nargs="+",
         default=[1, 0],
         help="extract's writer_queue values to run (0: inline writes, as before)",
+    )
+    ap.add_argument(
+        "--shard-tokens",
+        nargs="+",
+        default=["auto"],
+        type=lambda x: x if x == "auto" else int(x),
+        help="extract.shard_tokens values to run (auto, or tokens; e.g. 16384 auto)",
     )
     ap.add_argument("--width", nargs="+", default=["toy"], choices=["toy", "realistic"])
     ap.add_argument("--layers", type=int, default=8, help="layers of the realistic model")

@@ -43,6 +43,8 @@ def test_embedded_default_is_valid_and_defaults_fill_in():
         (lambda c: c["capture"].update(aux_layer_ids=[1, 1]), ["capture.aux_layer_ids"]),
         (lambda c: c.pop("target"), ["target"]),
         (lambda c: c["evaluate"]["sglang"].update(cuda_graph="yes"), ["cuda_graph", "'both'"]),
+        (lambda c: c["extract"].update(shard_tokens="big"), ["extract.shard_tokens", "auto"]),
+        (lambda c: c["extract"].update(shard_tokens=8), ["extract.shard_tokens"]),
     ],
 )
 def test_bad_config_names_the_key_and_the_allowed_values(edit, expected):
@@ -52,6 +54,14 @@ def test_bad_config_names_the_key_and_the_allowed_values(edit, expected):
         check(cfg)
     for word in expected:
         assert word in str(err.value)
+
+
+def test_shard_tokens_auto_is_the_default_and_a_number_still_works():
+    minimal = {"target": {"path": "m"}, "dataset": {"train": "a", "heldout": "b"}}
+    assert check(minimal)["extract"]["shard_tokens"] == "auto"
+    cfg = default()
+    cfg["extract"]["shard_tokens"] = 4096
+    assert check(cfg)["extract"]["shard_tokens"] == 4096
 
 
 def test_every_error_is_reported_at_once():

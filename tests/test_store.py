@@ -584,3 +584,18 @@ def test_failed_piece_of_a_threaded_commit_commits_nothing(tmp_path, monkeypatch
     r = ShardReader(tmp_path / "s")
     for i, s in enumerate(samples):
         assert_sample_equal(r[i], s)
+
+
+def test_auto_shard_tokens_keeps_shard_files_near_64_mib():
+    """Against a brute-force search over every multiple of chunk_tokens by powers of two."""
+    from eyrie.store.codecs import shard_tokens_for
+
+    cases = [(256, 128, 3), (256, 256, 3), (256, 4096, 3), (256, 7168, 3), (256, 16384, 3),
+             (64, 4096, 1), (512, 4096, 4), (32, 64, 3)]  # fmt: skip
+    for chunk, hidden, k in cases:
+        fits = [chunk * 2**n for n in range(12)
+                if chunk * 2**n <= 16384 and chunk * 2**n * 2 * k * hidden <= 64 << 20]  # fmt: skip
+        assert shard_tokens_for("auto", chunk, hidden, k) == max(fits, default=chunk)
+    assert shard_tokens_for("auto", 256, 4096, 3) == 2048  # Llama-8B width, EAGLE-3's 3 layers
+    assert shard_tokens_for("auto", 256, 128, 3) == 16384  # the default target: as before
+    assert shard_tokens_for(512, 256, 4096, 3) == 512  # a number is taken as given

@@ -37,6 +37,7 @@ from eyrie.extract.split import (
 )
 from eyrie.extract.table import ERROR_COLUMNS, count_reasons, read_errors, write_errors
 from eyrie.store.background import start_writer
+from eyrie.store.codecs import shard_tokens_for
 from eyrie.store.lock import StoreLock
 
 log = logging.getLogger("eyrie.extract.shard")
@@ -149,6 +150,7 @@ def extract_shard(
     if ready.dtype_label is not None:
         provenance["dtype"] = ready.dtype_label
     hidden = ready.hidden_size
+    chunk_tokens = int(extract.get("chunk_tokens", 256))
     # Locked before the scratch store is looked at; held until the store is in place.
     lock = StoreLock(work_store).acquire()
     writer = None
@@ -159,8 +161,10 @@ def extract_shard(
             lock=lock,
             hidden_size=hidden,
             aux_layer_ids=aux_ids,
-            chunk_tokens=int(extract.get("chunk_tokens", 256)),
-            shard_tokens=int(extract.get("shard_tokens", 16384)),
+            chunk_tokens=chunk_tokens,
+            shard_tokens=shard_tokens_for(
+                extract.get("shard_tokens", "auto"), chunk_tokens, hidden, len(aux_ids)
+            ),
             precision=str(extract.get("precision", "lossless")),
             writer_threads=extract.get("writer_threads", "auto"),
         )

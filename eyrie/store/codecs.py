@@ -129,6 +129,28 @@ def hidden_compressors(typesize: int) -> list:
     ]
 
 
+AUTO_SHARD_BYTES = 64 << 20  # raw aux_hidden bytes per shard file under shard_tokens: auto
+MAX_AUTO_SHARD_TOKENS = 16384
+
+
+def shard_tokens_for(setting, chunk_tokens: int, hidden: int, k: int) -> int:
+    """Tokens per shard file: an integer as given, or ``auto``.
+
+    Zarr rewrites a whole shard file when a commit ends inside it, so a shard much larger than a
+    commit group is written several times over. ``auto`` keeps aux_hidden's shard file near
+    64 MiB raw: the largest chunk_tokens x 2^n at most 16384 tokens within that size (16384 at
+    the toys' widths, 2048 at hidden 4096 with 3 aux layers, 1024 at 7168), and one chunk at
+    least.
+    """
+    if setting != "auto":
+        return int(setting)
+    per_token = 2 * int(k) * int(hidden)
+    tokens = int(chunk_tokens)
+    while tokens * 2 <= MAX_AUTO_SHARD_TOKENS and tokens * 2 * per_token <= AUTO_SHARD_BYTES:
+        tokens *= 2
+    return tokens
+
+
 def create_arrays(
     group: zarr.Group, k: int, hidden: int, chunk_tokens: int, shard_tokens: int
 ) -> None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import fcntl
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from fake_sglang import fake_server
 
 from eyrie.data.chat_tokens import render
 from eyrie.regenerate.hf import Answer, HFGenerator, stop_ids
@@ -186,3 +188,67 @@ def test_max_new_tokens_beyond_the_target_positions_is_refused(tmp_path):
     tok = load_tokenizer(TOY)
     with pytest.raises(RegenerateError, match="regenerate.max_new_tokens"):
         stage(tmp_path, "m", shipped(2), lambda *a: (Echo(), tok, 16))
+
+
+# ---------------------------------------------------------------------------------------------
+# the sglang backend, against a fake server launched by the job itself
+
+FAKE_SGLANG = fake_server(
+    setup="""
+import os
+STOP = int(os.environ.get("FAKE_STOP", "2"))
+""",
+    post="""
+ids = req["input_ids"]
+sp = req["sampling_params"]
+n = sp["max_new_tokens"]
+if sum(ids) % 7 == 3:  # this prompt's request always fails
+    self._send(500, {"error": "boom"})
+    return
+body = [t for t in ids[-5:] if t > 2][:n]  # echo a little of the prompt
+if len(body) < n and STOP in sp["stop_token_ids"]:
+    out, reason = body + [STOP], {"type": "stop", "matched": STOP}
+else:
+    out, reason = (body + [5] * n)[:n], {"type": "length", "length": n}
+self._send(200, {"output_ids": out, "meta_info": {"finish_reason": reason}})
+""",
+)
+
+
+def test_sglang_backend_launches_answers_counts_failures_and_stops_its_server(tmp_path):
+    from functools import partial
+
+    from eyrie.regenerate.sglang import sglang_generator
+
+    tok = load_tokenizer(TOY)
+    fake = tmp_path / "fake_sglang.py"
+    fake.write_text(FAKE_SGLANG)
+    records = shipped(8) + shipped(2, multi_turn=True)
+    settings = {**SETTINGS, "backend": "sglang", "sglang": {"launch_timeout_s": 60}}
+    log = tmp_path / "server.log"
+    started = []
+
+    def factory(*a):
+        gen = partial(sglang_generator, log_path=log, launcher=[sys.executable, str(fake)])(*a)
+        started.append(gen[0])
+        return gen
+
+    summary = stage(tmp_path, "s", records, factory, settings)
+    c = summary["counts"]
+    assert c["input"] == 10 and c["generated"] + c["skipped"] + c["failed"] == 10
+    assert c["generated"] >= 1
+    # the independent check: what the fake answers each first prompt, by the same rule
+    lost = 0
+    for rec in records:
+        first = next(i for i, m in enumerate(rec["messages"]) if m["role"] == "assistant")
+        prompt = render(tok, rec["messages"][:first], add_generation_prompt=True)
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        lost += sum(ids) % 7 == 3
+    assert c["failed"] == lost and c["kinds"].get("request_failed", 0) >= lost
+    assert "--skip-tokenizer-init" in log.read_text() and "127.0.0.1" in log.read_text()
+    from eyrie.sglang.http import http_ok
+
+    assert not http_ok(f"{started[0].url}/health", timeout=2)  # the stage stopped the server
+    for line in (tmp_path / "s" / "train.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        assert all(m["content"] for m in rec["messages"] if m["role"] == "assistant")

@@ -17,6 +17,7 @@ import torch
 class Answer:
     ids: list[int]  # the new tokens, without the stop token
     stopped: bool  # True: ended by an end-of-turn id; False: cut at max_new_tokens
+    failed: bool = False  # the request was lost (a server backend, after its retries)
 
 
 def stop_ids(tokenizer, model) -> list[int]:

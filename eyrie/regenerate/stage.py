@@ -28,7 +28,7 @@ from eyrie.regenerate.turns import GENERATED, Outcome, count, regenerate_convers
 
 log = logging.getLogger(__name__)
 WORK_DIR = ".work"
-BACKENDS = ("hf",)
+BACKENDS = ("hf", "sglang")
 
 
 class RegenerateError(EyrieError, RuntimeError):
@@ -121,32 +121,17 @@ def regenerate_split(job: SplitJob, settings: dict, *, progress=True, generator_
         if done:
             log.info("resuming %s: %d of %d conversations done", work, len(done), len(records))
         if len(done) < len(records):
-            factory = generator_factory or hf_generator
+            factory = generator_factory or _factory(settings, out_jsonl, split)
             generator, tokenizer, max_positions = factory(target_path, settings, architecture)
-            max_prompt = max_positions - int(settings["max_new_tokens"])
-            if max_prompt < 1:
-                raise RegenerateError(
-                    f"regenerate.max_new_tokens ({settings['max_new_tokens']}) leaves no room for "
-                    f"a prompt in the target's {max_positions} positions; lower it"
-                )
-            size = int(settings["chunk"])
-            bar = tqdm(
-                total=len(records),
-                initial=len(done),
-                desc=f"regenerate {split}",
-                disable=not progress,
-                unit="conv",
-            )
-            for first in range(len(done), len(records), size):
-                number = first // size
-                _seed(int(settings["seed"]), number)
-                outcomes = regenerate_conversations(
-                    records[first : first + size], first, generator, tokenizer, max_prompt
-                )
-                append_chunk(fh, outcomes, number)
-                done += outcomes
-                bar.update(len(outcomes))
-            bar.close()
+            try:
+                done = _run_chunks(
+                    fh, records, done, (generator, tokenizer, max_positions), settings, split,
+                    progress,
+                )  # fmt: skip
+            finally:
+                close = getattr(generator, "close", None)
+                if close is not None:  # a server backend stops its server
+                    close()
     counts = count(done)
     if counts["input"] != len(records) or [o.index for o in done] != list(range(len(records))):
         raise RegenerateError(
@@ -172,6 +157,44 @@ def regenerate_split(job: SplitJob, settings: dict, *, progress=True, generator_
     except OSError:  # another split's work file is still there
         pass
     return summary
+
+
+def _run_chunks(fh, records, done, backend, settings: dict, split: str, progress) -> list:
+    """Regenerate the chunks after `done`, appending each to the work file; all outcomes."""
+    generator, tokenizer, max_positions = backend
+    max_prompt = max_positions - int(settings["max_new_tokens"])
+    if max_prompt < 1:
+        raise RegenerateError(
+            f"regenerate.max_new_tokens ({settings['max_new_tokens']}) leaves no room for "
+            f"a prompt in the target's {max_positions} positions; lower it"
+        )
+    size = int(settings["chunk"])
+    bar = tqdm(
+        total=len(records), initial=len(done), desc=f"regenerate {split}", disable=not progress,
+        unit="conv",
+    )  # fmt: skip
+    for first in range(len(done), len(records), size):
+        number = first // size
+        _seed(int(settings["seed"]), number)
+        outcomes = regenerate_conversations(
+            records[first : first + size], first, generator, tokenizer, max_prompt
+        )
+        append_chunk(fh, outcomes, number)
+        done = done + outcomes
+        bar.update(len(outcomes))
+    bar.close()
+    return done
+
+
+def _factory(settings: dict, out_jsonl: Path, split: str):
+    """The backend's generator factory; sglang's server log goes beside the output."""
+    if settings.get("backend", "hf") == "sglang":
+        from functools import partial
+
+        from eyrie.regenerate.sglang import sglang_generator
+
+        return partial(sglang_generator, log_path=out_jsonl.parent / f"{split}.sglang.log")
+    return hf_generator
 
 
 def _seed(seed: int, chunk: int) -> None:

@@ -18,7 +18,7 @@ from eyrie.data.chat_tokens import render
 # Outcome of one conversation.
 GENERATED = "generated"  # every assistant turn is the target's (some may be cut at the limit)
 SKIPPED = "skipped"  # no assistant turn could be regenerated (the kind says why)
-FAILED = "failed"  # counted for backends that lose single requests; hf stops the job instead
+FAILED = "failed"  # lost to a failed request (sglang, after retries); hf stops the job instead
 
 
 @dataclass
@@ -74,6 +74,9 @@ def regenerate_conversations(
         answers = generator.generate([ids for _, ids in asks])  # an error stops the chunk
         live = []
         for (k, _), answer in zip(asks, answers, strict=True):
+            if answer.failed:
+                _stop(outcomes[k], rest[k], "request_failed")
+                continue
             text = tokenizer.decode(answer.ids, skip_special_tokens=True).strip()
             if not text:
                 _stop(outcomes[k], rest[k], "empty_answer")
@@ -91,6 +94,8 @@ def regenerate_conversations(
         if msgs:
             outcomes[k].status = GENERATED
             outcomes[k].record = {**rec, "messages": msgs}
+        elif outcomes[k].kinds["request_failed"]:
+            outcomes[k].status = FAILED
     return outcomes
 
 

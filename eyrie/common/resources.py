@@ -38,7 +38,8 @@ def uses_gpu(config: dict, rule: str) -> bool:
     Validation re-runs the target for its spot checks on capture.device; there `auto` asks for
     nothing (set capture.device to cuda to get GPUs on a cluster). Training and evaluation
     (evaluate_*) ask for GPUs unless their own device is cpu; evaluate_sglang only when SGLang
-    serves the target; evaluate_baselines never (it runs on the CPU).
+    serves the target; evaluate_baselines never (it runs on the CPU). Regeneration when its
+    device is cuda, or when its SGLang backend launches a server (not with a server's url).
     """
     capture = config.get("capture", {})
     on_cuda = capture.get("device") == "cuda"
@@ -48,6 +49,11 @@ def uses_gpu(config: dict, rule: str) -> bool:
         return on_cuda and config.get("validate", {}).get("spot_check_samples", 0) > 0
     if rule == "train_drafter":
         return config.get("train", {}).get("device") != "cpu"
+    if rule == "regenerate":
+        regen = config.get("regenerate", {})
+        if regen.get("backend") == "sglang":
+            return not (regen.get("sglang") or {}).get("url")
+        return regen.get("device") == "cuda"
     if rule == "evaluate_sglang":  # without SGLang it only records "not run", on the spot
         return capture.get("backend") == "sglang"
     if rule == "evaluate_baselines":  # a count table and a small probe, on the CPU

@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eyrie.common import atomic  # noqa: E402
 from eyrie.common.provenance import machine  # noqa: E402
 from eyrie.evaluate import cost_model  # noqa: E402
-from eyrie.evaluate.online import OnlineError, Server, post_json  # noqa: E402
+from eyrie.evaluate.online import OnlineError, Server, generate  # noqa: E402
 from eyrie.sglang.launch import LAUNCHER, ONLINE_SERVER_ARGS, online_command  # noqa: E402
 from eyrie.sglang.server import ServerError, free_port  # noqa: E402
 
@@ -105,19 +104,8 @@ def server_flags(args) -> list[str]:
 
 
 def timed(url: str, ids: list[int], max_new: int, rid: str, ignore_eos: bool) -> dict:
-    payload = {
-        "input_ids": ids,
-        "rid": rid,
-        "sampling_params": {
-            "temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": ignore_eos,
-        },
-    }  # fmt: skip
-    t0 = time.perf_counter()
-    out = post_json(f"{url}/generate", payload)
-    seconds = time.perf_counter() - t0
-    out = out[0] if isinstance(out, list) else out
-    meta = out.get("meta_info", {})
-    return {"seconds": seconds, "output_ids": list(out["output_ids"]), "meta": meta}
+    r = generate(url, ids, max_new, rid, ignore_eos=ignore_eos)
+    return {"seconds": r["seconds"], "output_ids": r["output_ids"], "meta": r["meta_info"]}
 
 
 def measure(url: str, prompts: list[list[int]], max_new: int, tag: str, ignore_eos: bool) -> dict:

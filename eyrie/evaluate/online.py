@@ -90,13 +90,15 @@ def post_json(url: str, payload: dict, timeout: float = 600.0) -> dict:
         raise OnlineError(f"POST {url} failed: {exc}") from None
 
 
-def generate(url: str, input_ids: list[int], max_new_tokens: int, rid: str) -> dict:
-    """One greedy request by token ids: output_ids, seconds and the meta_info it returned."""
-    payload = {
-        "input_ids": list(map(int, input_ids)),
-        "rid": rid,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": int(max_new_tokens)},
-    }
+def generate(
+    url: str, input_ids: list[int], max_new_tokens: int, rid: str, ignore_eos: bool = False
+) -> dict:
+    """One greedy request by token ids: output_ids, seconds and the meta_info it returned
+    (`ignore_eos`: always max_new_tokens, for timing)."""
+    params = {"temperature": 0.0, "max_new_tokens": int(max_new_tokens)}
+    if ignore_eos:
+        params["ignore_eos"] = True
+    payload = {"input_ids": list(map(int, input_ids)), "rid": rid, "sampling_params": params}
     t0 = time.perf_counter()
     out = post_json(f"{url}/generate", payload)
     seconds = time.perf_counter() - t0

@@ -15,10 +15,13 @@ own random numbers); greedy is.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from eyrie.common.errors import EyrieError
+from eyrie.common.hf_config import text_config
 from eyrie.regenerate.hf import Answer
 from eyrie.sglang import http
 from eyrie.sglang.launch import LAUNCHER, ONLINE_SERVER_ARGS, online_command
@@ -67,8 +70,6 @@ class SglangGenerator:
         return Answer([], False, failed=True)
 
     def _answer(self, text: str) -> Answer:
-        import json
-
         out = json.loads(text)
         out = out[0] if isinstance(out, list) else out
         ids = list(out.get("output_ids") or [])
@@ -87,10 +88,12 @@ def sglang_generator(
     launcher=LAUNCHER,
 ):  # fmt: skip
     """(SglangGenerator, tokenizer, the target's position limit), its server ready."""
+    from eyrie.target.files import read_config
     from eyrie.target.load import load_tokenizer
 
     tokenizer = load_tokenizer(target_path)
-    stops = sorted({tokenizer.eos_token_id, *_config_stops(target_path)} - {None})
+    config = text_config(read_config(target_path))
+    stops = sorted({tokenizer.eos_token_id, *_config_stops(target_path, config)} - {None})
     cfg = settings.get("sglang") or {}
     stack = contextlib.ExitStack()
     url = cfg.get("url")
@@ -112,29 +115,14 @@ def sglang_generator(
         url, max_new_tokens=settings["max_new_tokens"], temperature=settings["temperature"],
         concurrency=settings["batch_size"], stops=stops, stack=stack,
     )  # fmt: skip
-    return gen, tokenizer, _positions(target_path)
+    return gen, tokenizer, int(config.get("max_position_embeddings") or 1 << 20)
 
 
-def _target_config(target_path) -> dict:
-    import json
-    from pathlib import Path
-
-    cfg = json.loads((Path(target_path) / "config.json").read_text())
-    return cfg.get("text_config") or cfg
-
-
-def _config_stops(target_path) -> list[int]:
+def _config_stops(target_path, config: dict) -> list[int]:
     """eos ids of config.json and generation_config.json (as HFGenerator's stop_ids)."""
-    import json
-    from pathlib import Path
-
-    out = []
     gen = Path(target_path) / "generation_config.json"
-    for cfg in (_target_config(target_path), json.loads(gen.read_text()) if gen.exists() else {}):
+    out = []
+    for cfg in (config, json.loads(gen.read_text()) if gen.exists() else {}):
         eos = cfg.get("eos_token_id")
         out += list(eos) if isinstance(eos, list) else [eos]
     return out
-
-
-def _positions(target_path) -> int:
-    return int(_target_config(target_path).get("max_position_embeddings") or 1 << 20)

@@ -8,6 +8,10 @@ store written is also checked to hold the same bytes, file by file, as the 1-thr
 
     python benchmarks/bench_writer.py                    # hidden 256 and 4096
     python benchmarks/bench_writer.py --hidden 4096 --tokens 1024 --samples 64 --repeats 3
+    python benchmarks/bench_writer.py --as-extractor     # plus the extractor's per-sample work
+
+``--as-extractor`` appends as eyrie/extract/shard.py does: each sample's bf16 patterns checked
+for Inf/NaN (``all_finite_bits``), then handed over (``append(copy=False)``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from synthetic_data import synthetic_activations  # noqa: E402
 
 from eyrie.common.provenance import machine  # noqa: E402
+from eyrie.store.format import all_finite_bits, bf16_bits  # noqa: E402
 from eyrie.store.parallel import cores  # noqa: E402
 from eyrie.store.writer import ShardWriter  # noqa: E402
 
@@ -61,7 +66,14 @@ def write(path: Path, hidden: int, pool: list[tuple], args, threads: int) -> flo
     try:
         start = time.perf_counter()
         for i in range(args.samples):
-            w.append(f"sample-{i:05d}", *pool[i % len(pool)])
+            ids, mask, aux, fin = pool[i % len(pool)]
+            if args.as_extractor:
+                aux, fin = bf16_bits(aux), bf16_bits(fin)
+                if not (all_finite_bits(aux) and all_finite_bits(fin)):
+                    raise SystemExit("synthetic states hold Inf or NaN")
+                w.append(f"sample-{i:05d}", ids, mask, aux, fin, copy=False)
+            else:
+                w.append(f"sample-{i:05d}", ids, mask, aux, fin)
             if (i + 1) % args.commit_every == 0:
                 w.commit()
         w.commit()
@@ -92,6 +104,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where stores are written")
     ap.add_argument("--json", type=Path, default=None, help="also write the records here")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--as-extractor", action="store_true", help="finite check + hand-over")
     args = ap.parse_args()
 
     n_cores = cores()

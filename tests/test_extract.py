@@ -173,6 +173,31 @@ def test_interrupted_and_resumed_is_bit_exact(setup, uninterrupted, tmp_path):
     )
 
 
+def test_non_finite_states_are_listed_not_stored(setup, uninterrupted, tmp_path, monkeypatch):
+    """A sample whose captured bf16 states hold Inf, -Inf or NaN is an error row, not stored."""
+    from eyrie.extract.hf import HFCapture
+
+    real, poison = HFCapture.capture_pending, iter([float("inf"), float("-inf"), float("nan")])
+
+    def poisoned(self, sequences):
+        pending = real(self, sequences)
+        aux, final = pending.result()[-1]  # the batch's last sample
+        value = next(poison, None)
+        if value is not None:
+            (aux if value != float("-inf") else final).view(-1)[-1] = value
+        return pending
+
+    monkeypatch.setattr(HFCapture, "capture_pending", poisoned)
+    outcome = run(setup, tmp_path)
+    full, outcomes = uninterrupted
+    bad = [r for r in errors_rows(tmp_path / "shard-000.errors.csv") if r["reason"] == "non_finite"]
+    assert len(bad) == 3 and outcome.samples == outcomes[0].samples - 3
+    stored = set(read_store(tmp_path / "shard-000.zarr")["sample_id"])
+    assert stored == set(read_store(full / "shard-000.zarr")["sample_id"]) - {
+        r["sample_id"] for r in bad
+    }
+
+
 def test_changed_setup_restarts_the_scratch_store(setup, tmp_path):
     with pytest.raises(Interrupted):
         run(setup, tmp_path / "a", stop_after_commits=1)

@@ -12,6 +12,7 @@ import torch
 import zarr
 from synthetic_data import synthetic_activations
 
+from eyrie.store.format import all_finite_bits
 from eyrie.store.shard import (
     ShardDataset,
     ShardReader,
@@ -202,16 +203,56 @@ def test_accepts_bf16_tensors_uint16_arrays_and_tensor_ids(tmp_path):
     assert torch.equal(bits_t(got["final_hidden"]), bits_t(s["final_hidden"].bfloat16()))
 
 
-def test_buffered_input_is_copied(tmp_path):
+@pytest.mark.parametrize("kind", ["bf16", "uint16", "bf16-strided"])
+def test_buffered_input_is_copied(tmp_path, kind):
     """A caller reusing its tensors after append must not change what gets stored."""
     s = make_sample(0, tokens=4)
     aux = s["aux_hidden"].bfloat16()
+    if kind == "bf16-strided":  # a view with gaps: bf16_bits makes a contiguous copy itself
+        aux = torch.cat([aux, aux], dim=2)[:, :, ::2]
+    given = bf16_bits(aux) if kind == "uint16" else aux
     want = aux.clone()
     with writer(tmp_path / "s") as w:
-        w.append("a", s["input_ids"], s["loss_mask"], aux, s["final_hidden"])
+        w.append("a", s["input_ids"], s["loss_mask"], given, s["final_hidden"])
         aux.fill_(7.0)
+        if kind == "uint16":
+            given.fill(0)
         w.finish()
     assert torch.equal(bits_t(ShardReader(tmp_path / "s")[0]["aux_hidden"]), bits_t(want))
+
+
+def test_handed_over_input_stores_the_same_bytes(tmp_path):
+    """append(copy=False) buffers the caller's arrays as they are: the same store, byte for byte."""
+    samples = [make_sample(i) for i in range(9)]
+    for copy in (True, False):
+        with writer(tmp_path / f"c{copy}") as w:
+            for s in samples:
+                aux, fin = bf16_bits(s["aux_hidden"]), s["final_hidden"].bfloat16()
+                w.append(s["sample_id"], s["input_ids"], s["loss_mask"], aux, fin, copy=copy)
+            w.finish()
+    assert store_bytes(tmp_path / "cFalse") == store_bytes(tmp_path / "cTrue")
+    r = ShardReader(tmp_path / "cFalse")
+    for i, s in enumerate(samples):
+        assert_sample_equal(r[i], s)
+
+
+def test_finite_check_on_bits_agrees_with_torch_isfinite():
+    """all_finite_bits on the uint16 patterns says what torch.isfinite says on the bf16 values."""
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    values = from_bf16_bits(every)
+    finite = torch.isfinite(values).numpy()
+    assert [all_finite_bits(every[i : i + 1]) for i in range(every.size)] == finite.tolist()
+    big = torch.tensor([3.3895e38, -3.3895e38, 1.0, -0.0], dtype=torch.bfloat16)  # largest finite
+    special = [float("inf"), float("-inf"), float("nan"), -float("nan")]
+    for x in special:
+        t = torch.cat([big, torch.tensor([x], dtype=torch.bfloat16)]).repeat(1000)
+        assert not all_finite_bits(bf16_bits(t)) and not bool(torch.isfinite(t).all())
+        assert not all_finite_bits(bf16_bits(t.reshape(200, 25))[:, 4::5])  # strided: Inf/NaN
+        assert all_finite_bits(bf16_bits(t.reshape(200, 25))[:, ::5])  # strided: only big
+    assert all_finite_bits(bf16_bits(big.repeat(1000)))
+    assert all_finite_bits(np.zeros((0, 3), dtype=np.uint16))
+    with pytest.raises(TypeError, match="uint16"):
+        all_finite_bits(np.zeros(3, dtype=np.int16))
 
 
 # -- bad input -----------------------------------------------------------------------------------

@@ -94,6 +94,7 @@ class ShardWriter:
         self._buffer: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._buffered_ids: set[str] = set()
         self._buffered_tokens = 0
+        self._flushed: list[str] = []  # files a commit's pieces fsynced already (threads > 1)
 
         try:
             attrs = root_attrs(self.path) if self.path.is_dir() else None
@@ -283,8 +284,17 @@ class ShardWriter:
     def buffered_tokens(self) -> int:
         return self._buffered_tokens
 
-    def append(self, sample_id: str, input_ids, loss_mask, aux_hidden, final_hidden) -> None:
-        """Validate one sample and buffer it in memory (nothing is written until commit)."""
+    def append(
+        self, sample_id: str, input_ids, loss_mask, aux_hidden, final_hidden, *, copy=True
+    ) -> None:
+        """Validate one sample and buffer it in memory (nothing is written until commit).
+
+        The sample is copied, so the caller may reuse its buffers. ``copy=False`` hands the
+        hidden states over instead: a caller whose buffers are never written again (the
+        extractor's captured batches) saves a copy of every state it stores; arrays that
+        share nothing with the caller's (a cast to bf16, a copy off the GPU) are never copied
+        again either way.
+        """
         p = self.path
         self._check_open()
         if self.complete:
@@ -312,10 +322,8 @@ class ShardWriter:
         if mask.size and not np.isin(mask, (0, 1)).all():
             raise StoreError(f"{who}: loss_mask must hold only 0/1 (or bool)")
         k, h = len(self.aux_layer_ids), self.hidden_size
-        aux = self._bits(aux_hidden, "aux_hidden", (n_tok, k, h), who)
-        fin = self._bits(final_hidden, "final_hidden", (n_tok, h), who)
-        if self.mantissa_bits is not None:  # the lossy precision: rounded before compression
-            aux, fin = (round_bf16_bits(x, self.mantissa_bits) for x in (aux, fin))
+        aux = self._owned_bits(aux_hidden, "aux_hidden", (n_tok, k, h), who, copy)
+        fin = self._owned_bits(final_hidden, "final_hidden", (n_tok, h), who, copy)
         self._buffer.append((sample_id, ids.astype(np.int32), mask.astype(np.uint8), aux, fin))
         self._buffered_ids.add(sample_id)
         self._buffered_tokens += n_tok
@@ -336,6 +344,7 @@ class ShardWriter:
         a["sample_id"].resize((n1,))
         starts = np.concatenate([[0], np.cumsum(lengths)])  # of each sample, from t0
         split = self.writer_threads > 1  # one piece per shard file, else one per array
+        self._flushed = []
         jobs = [
             (lambda j=j, name=name, lo=lo, hi=hi: self._write_tokens(j, name, lo, hi, t0, starts))
             for j, name in enumerate(TOKEN_ARRAYS, start=1)
@@ -346,13 +355,16 @@ class ShardWriter:
         ids_value = np.array(new_ids, dtype=object)
         jobs.append(lambda: pool.setitem(a["sample_id"], slice(n0, n1), ids_value))
         pool.run(jobs)
-        # Make the data durable before the commit record that points at it (power loss too).
+        # Make the data durable before the commit record that points at it (power loss too):
+        # every file the commit wrote (each array's zarr.json was rewritten by its resize; the
+        # group's zarr.json is not touched by a commit) and every folder above them. A file a
+        # piece already flushed is not flushed twice; its folders still are, after it.
         spans_of = {"offsets": (n0, n1 + 1), "sample_id": (n0, n1)}
-        touched = ["zarr.json"]
+        touched = []
         for name, arr in a.items():
             lo, hi = spans_of.get(name, (t0, t1))
             touched += [f"{name}/{f}" for f in ["zarr.json", *expected_chunk_files(arr, hi, lo)]]
-        fsync_tree(self.path, touched, each=pool.map)
+        fsync_tree(self.path, touched, each=pool.map, synced=set(self._flushed))
         ids = self.committed_ids + new_ids
         self._write_commit_record(n1, t1, ids)
         self.committed_ids = ids
@@ -420,9 +432,10 @@ class ShardWriter:
         block = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         pool = self._threads()
         pool.setitem(self._arrays[name], slice(lo, hi), block)
-        if pool.threads > 1:  # flush now, while other pieces still compress (commit re-checks)
+        if pool.threads > 1:  # flush now, while other pieces still compress (commit does the rest)
             for f in expected_chunk_files(self._arrays[name], hi, lo):
                 fsync(self.path / name / f)
+                self._flushed.append(f"{name}/{f}")
 
     def _write_commit_record(self, n: int, t: int, ids: list[str]) -> None:
         write_json_durable(
@@ -447,15 +460,30 @@ class ShardWriter:
             raise StoreError(f"{who}: {name} must be 1-D (tokens,), got shape {a.shape}")
         return a
 
+    def _owned_bits(self, x, name: str, shape: tuple, who: str, copy: bool) -> np.ndarray:
+        """C-contiguous uint16 bf16 patterns for the buffer, rounded when the store is lossy.
+
+        Copied only when they still share memory with the caller's input and the caller
+        asked for a copy: a cast to bf16, a copy off the GPU or the lossy rounding already
+        made a new array, and copying it again (as this once did) cost a pass over every state.
+        """
+        bits, fresh = self._bits(x, name, shape, who)
+        if self.mantissa_bits is not None:  # the lossy precision: rounded before compression
+            return round_bf16_bits(bits, self.mantissa_bits)
+        if copy and not fresh:
+            return np.array(bits, dtype=np.uint16, copy=True, order="C")
+        return np.ascontiguousarray(bits)
+
     @staticmethod
-    def _bits(x, name: str, shape: tuple, who: str) -> np.ndarray:
-        """An owned uint16 copy of bf16 bit patterns; floats are rounded to bf16."""
+    def _bits(x, name: str, shape: tuple, who: str) -> tuple[np.ndarray, bool]:
+        """uint16 bf16 bit patterns (floats rounded to bf16), and whether they are a new array."""
         if isinstance(x, np.ndarray) and x.dtype == np.uint16:
-            bits = x
+            bits, fresh = x, False
         elif isinstance(x, torch.Tensor) and x.is_floating_point():
             bits = bf16_bits(x)
+            fresh = not _shares_memory(bits, x)
         elif isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating):
-            bits = bf16_bits(torch.from_numpy(np.ascontiguousarray(x)))
+            bits, fresh = bf16_bits(torch.from_numpy(np.ascontiguousarray(x))), True
         else:
             dtype = getattr(x, "dtype", type(x).__name__)
             raise StoreError(
@@ -464,4 +492,12 @@ class ShardWriter:
             )
         if tuple(bits.shape) != shape:
             raise StoreError(f"{who}: {name} must have shape {shape}, got {tuple(bits.shape)}")
-        return np.array(bits, dtype=np.uint16, copy=True, order="C")
+        return bits, fresh
+
+
+def _shares_memory(bits: np.ndarray, t: torch.Tensor) -> bool:
+    """Whether bf16_bits(t) is a view of t's own memory (a contiguous CPU bf16 tensor)."""
+    if t.device.type != "cpu" or bits.size == 0:
+        return t.device.type == "cpu"
+    lo = t.untyped_storage().data_ptr()
+    return lo <= bits.ctypes.data < lo + t.untyped_storage().nbytes()

@@ -14,6 +14,8 @@ with rule_log(sm):
         prompts=ev["prompts"],
         max_new_tokens=ev["max_new_tokens"],
         draft_tokens=ev["draft_tokens"],
+        topk=ev["topk"],
+        verify_tokens=ev["verify_tokens"],
         device=ev["device"],
         dtype=ev["dtype"],
         out_json=sm.output.json,

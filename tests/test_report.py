@@ -88,7 +88,9 @@ def test_verdict_prefers_the_decoding_walk(files):
     (ev / "acceptance.json").write_text(json.dumps(acc))
     inp, written = write(files, 1.93)
     first = verdict(inp)
-    assert "offline 2.05 tokens/verify step at 3 drafts (decoding walk; τ+1 2.62)" in first
+    assert (
+        "offline 2.05 tokens/verify step for a chain of 3 drafts (decoding walk; τ+1 2.62)" in first
+    )
     summary = written["summary"].read_text()
     assert "| 2 |" in summary and "| 2.05 |" in summary
 
@@ -105,7 +107,7 @@ def test_report_files_and_verdict(files):
     assert first.startswith("speculation 1.93× plain decoding (transformers loop")
     assert "acc_0 78 %" in first and "acc_1|0 66 %" in first and "3 extraction errors" in first
     assert "2.40 tokens/verify step" in first  # measured, and offline at the same 3 drafts:
-    assert "offline 2.62 tokens/verify step at 3 drafts" in first
+    assert "offline 2.62 tokens/verify step, chain of 3 drafts" in first
     assert "SLOWER" not in summary
     assert "SGLang online: not run: no CUDA GPU" in summary
     assert "| 1 | 61 % | 66 % | 53 % |" in summary  # the per-position table

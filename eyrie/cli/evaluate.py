@@ -63,6 +63,10 @@ def add_arguments(parser) -> None:
         parser.add_argument("--prompts", type=int, help="prompts (evaluate.prompts)")
         parser.add_argument("--max-new-tokens", type=int, help="evaluate.max_new_tokens")
         parser.add_argument("--draft-tokens", type=int, help="k (evaluate.draft_tokens)")
+        parser.add_argument("--topk", type=int, help="tree branches per step (evaluate.topk)")
+        parser.add_argument(
+            "--verify-tokens", type=int, help="tokens a tree verifies (evaluate.verify_tokens)"
+        )
         parser.add_argument("--device", help="hf: auto | cpu | cuda (evaluate.device)")
         parser.add_argument("--dtype", help="hf: float32 | bfloat16 | float16 (evaluate.dtype)")
         parser.add_argument(
@@ -140,6 +144,9 @@ def _speculate(args, cfg) -> int:
         prompts=args.prompts or ev["prompts"],
         max_new_tokens=args.max_new_tokens or ev["max_new_tokens"],
         draft_tokens=args.draft_tokens or ev["draft_tokens"],
+        topk=args.topk or ev["topk"],
+        # a chain asked for on the command line verifies k + 1, whatever the config's tree says
+        verify_tokens=args.verify_tokens or (None if args.topk == 1 else ev["verify_tokens"]),
     )
     if args.backend == "sglang":
         out = Path(args.out or layout.evaluate_dir() / "online_sglang.json")

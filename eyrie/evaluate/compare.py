@@ -28,6 +28,7 @@ from eyrie.evaluate.speculate import (
     greedy_generate,
     speculative_generate,
 )
+from eyrie.evaluate.tree import tree_generate, tree_shape
 
 
 def plain_first(repeat: int) -> bool:
@@ -70,21 +71,33 @@ def compare(
     eos=(),
     warmup: int = 1,
     repeats: int = 3,
+    topk: int = 1,
+    verify_tokens: int | None = None,
 ) -> dict:
     """Plain greedy vs speculative decoding of the same prompts, batch 1, interleaved prompt by
-    prompt and repeated (see the module's docstring); the record of ``summarize``."""
+    prompt and repeated (see the module's docstring); the record of ``summarize``. ``k`` drafts
+    per step in a chain (``topk`` 1), or a tree of k steps, ``topk`` branches and
+    ``verify_tokens`` tokens verified (eyrie/evaluate/tree.py)."""
     if repeats < 1:
         raise SpeculateError(f"evaluate.repeats must be at least 1, got {repeats}")
+    verify = tree_shape(k, topk, verify_tokens)
+
+    def spec(p, new_tokens):
+        if topk == 1:
+            return speculative_generate(target, drafter, p["input_ids"], k, new_tokens, eos)
+        ids = p["input_ids"]
+        return tree_generate(target, drafter, ids, k, topk, verify, new_tokens, eos)
+
     for p in prompts[:warmup]:  # first calls allocate and pick kernels; not timed
         greedy_generate(target, p["input_ids"], min(8, max_new_tokens), eos)
-        speculative_generate(target, drafter, p["input_ids"], k, min(8, max_new_tokens), eos)
+        spec(p, min(8, max_new_tokens))
     runs = interleaved(
         prompts,
         lambda p: greedy_generate(target, p["input_ids"], max_new_tokens, eos),
-        lambda p: speculative_generate(target, drafter, p["input_ids"], k, max_new_tokens, eos),
+        lambda p: spec(p, max_new_tokens),
         repeats,
     )
-    return summarize(rows_of(prompts, runs), k)
+    return {**summarize(rows_of(prompts, runs), k), "topk": topk, "verify_tokens": verify}
 
 
 def rows_of(prompts: list[dict], runs: list[list[tuple[Generation, Generation]]]) -> list[dict]:

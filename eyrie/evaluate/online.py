@@ -187,6 +187,8 @@ def run_online(
     launcher: Sequence[str] = LAUNCHER,
     warmup: int = 1,
     cuda_graph=True,
+    topk: int = 1,
+    verify_tokens: int | None = None,
 ) -> dict:
     """Per mode (CUDA graphs, eager, or both): the plain server, then the EAGLE-3 server, on the
     same prompts. The record's top-level figures are the first mode's (its ``mode`` says
@@ -197,7 +199,8 @@ def run_online(
     for mode in modes:
         summaries[mode] = _run_mode(
             target_dir, draft_dir, prompts, max_new_tokens=max_new_tokens,
-            draft_tokens=draft_tokens, log_dir=Path(log_dir) / mode if len(modes) > 1 else
+            draft_tokens=draft_tokens, topk=topk, verify_tokens=verify_tokens,
+            log_dir=Path(log_dir) / mode if len(modes) > 1 else
             Path(log_dir), launch_timeout=launch_timeout, server_args=flags[mode],
             launcher=launcher, warmup=warmup,
         )  # fmt: skip
@@ -208,7 +211,7 @@ def run_online(
 
 def _run_mode(
     target_dir, draft_dir, prompts, *, max_new_tokens, draft_tokens, log_dir, launch_timeout,
-    server_args, launcher, warmup,
+    server_args, launcher, warmup, topk=1, verify_tokens=None,
 ) -> dict:  # fmt: skip
     runs = {}
     for name, draft in (("plain", None), ("eagle3", draft_dir)):
@@ -219,6 +222,8 @@ def _run_mode(
                 port,
                 draft_path=draft,
                 draft_tokens=draft_tokens,
+                topk=topk,
+                verify_tokens=verify_tokens,
                 server_args=server_args,
                 launcher=launcher,
             )
@@ -244,6 +249,8 @@ def _run_mode(
         speedup = spec["tokens_per_s"] / plain["tokens_per_s"]
     return {
         "draft_tokens": draft_tokens,
+        "topk": topk,
+        "verify_tokens": draft_tokens + 1 if topk == 1 else verify_tokens,
         "prompts": len(prompts),
         "server_args": list(server_args),
         "plain_tokens_per_s": plain["tokens_per_s"],

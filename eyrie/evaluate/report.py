@@ -65,6 +65,14 @@ def _nan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
+def shape_text(rec: dict) -> str:
+    """How a decoding record drafted: "3 draft tokens" (a chain) or the tree's shape."""
+    k, topk = rec.get("draft_tokens"), int(rec.get("topk") or 1)
+    if topk == 1:
+        return f"{k} draft tokens"
+    return f"a tree of {k} steps x top-{topk}, {rec.get('verify_tokens')} tokens verified"
+
+
 def speed(inp: Inputs) -> tuple[float | None, str, float | None, int | None]:
     """(speed-up over plain decoding, where it was measured, measured accept length, draft
     tokens), preferring SGLang's measurement."""
@@ -72,14 +80,14 @@ def speed(inp: Inputs) -> tuple[float | None, str, float | None, int | None]:
     if o.get("status") == "ok" and o.get("speedup"):
         k = o.get("draft_tokens")
         mode = {"cuda_graph": "CUDA graphs", "eager": "eager"}.get(o.get("mode"), "eager")
-        where = f"SGLang EAGLE-3, {k} draft tokens, {mode}"
+        where = f"SGLang EAGLE-3, {shape_text(o)}, {mode}"
         return float(o["speedup"]), where, o.get("accept_length"), k
     s = inp.speculate or {}
     if s.get("speedup") is not None and not _nan(s["speedup"]):
         m = s.get("machine") or {}
         k = s.get("draft_tokens")
         spread = repeats_text(s)
-        where = f"transformers loop, {spread + ', ' if spread else ''}{k} draft tokens, "
+        where = f"transformers loop, {spread + ', ' if spread else ''}{shape_text(s)}, "
         where += f"{s.get('device', '?')}: "
         where += m.get("gpu") or m.get("cpu", "?")
         return float(s["speedup"]), where, s.get("accept_length"), k
@@ -137,11 +145,12 @@ def verdict(inp: Inputs) -> str:
         walk = a.get("walk_accept_length_by_draft_tokens") or []
         if len(walk) >= K:  # what decoding the held-out answers would emit per verify step
             accs.append(
-                f"offline {walk[K - 1]:.2f} tokens/verify step at {K} drafts (decoding walk; "
+                f"offline {walk[K - 1]:.2f} tokens/verify step for a chain of {K} drafts "
+                "(decoding walk; "
                 f"τ+1 {taus[K - 1] + 1:.2f})"
             )
         else:
-            accs.append(f"offline {taus[K - 1] + 1:.2f} tokens/verify step at {K} drafts")
+            accs.append(f"offline {taus[K - 1] + 1:.2f} tokens/verify step, chain of {K} drafts")
     parts.append(", ".join(accs))
     errors = extraction_errors(inp)
     parts.append("extraction errors unknown" if errors is None else f"{errors} extraction errors")
@@ -409,7 +418,7 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
             f"{s.get('dtype', '?')}): plain {_fmt(s.get('plain_tokens_per_s'), '.1f')} tok/s, "
             f"speculative {_fmt(s.get('spec_tokens_per_s'), '.1f')} tok/s, "
             f"**{_fmt(s.get('speedup'))}×**{spread}; accept length {_fmt(s.get('accept_length'))} "
-            f"with {s.get('draft_tokens')} drafts; output identical to greedy on "
+            f"with {shape_text(s)}; output identical to greedy on "
             f"{s.get('identical')}/{s.get('prompts')} prompts",
         ]
     else:

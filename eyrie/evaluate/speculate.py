@@ -88,11 +88,20 @@ class Target:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits (T, V), aux (1, T, k, H) or None) of ``ids`` appended to ``cache``."""
+    def forward(
+        self, ids: list[int], cache, attention_mask=None, positions=None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits (T, V), aux (1, T, k, H) or None) of ``ids`` appended to ``cache``.
+
+        A tree pass gives ``attention_mask`` (T, cached + T) bool, True where a token attends,
+        and each token's ``positions``; by default the tokens follow the cache causally."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        extra = {self._cache_kw: cache}
+        if attention_mask is not None:
+            extra["attention_mask"] = attention_mask[None, None].to(self.device)
+            extra["position_ids"] = torch.tensor([positions], device=self.device)
         self._seen = {}
-        out = self.model(input_ids=x, use_cache=True, **{self._cache_kw: cache})
+        out = self.model(input_ids=x, use_cache=True, **extra)
         aux = None
         if self.aux_layer_ids:
             if len(self._seen) != len(self.aux_layer_ids):
@@ -139,6 +148,7 @@ class DraftRunner:
         self.d = drafter.eval()
         self.embed = embed
         self.cfg = drafter.config
+        self._to_target: list[int] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -174,8 +184,16 @@ class DraftRunner:
         positions = torch.arange(cap, device=like.device)
         self._cos, self._sin = rope_cos_sin(positions, attn.hd, attn.theta, like.dtype)
 
-    def _layer(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """The midlayer on rows at positions start.., appended to the cache; (1, T, H)."""
+    def _layer(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        start: int,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The midlayer on rows at positions start.. (or ``positions``), appended to the cache;
+        (1, T, H). ``mask`` (T, cached + T), True where a row attends, replaces the causal one."""
         layer, attn = self.d.midlayer, self.d.midlayer.self_attn
         T = tokens.shape[-1]
         x = torch.cat([layer.input_layernorm(self.embed(tokens)), layer.hidden_norm(hidden)], -1)
@@ -183,13 +201,13 @@ class DraftRunner:
         k = attn.k_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
         v = attn.v_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
         past = self._len
-        self._reserve(max(past, start) + T, q)  # start == past in every caller
-        cos, sin = self._cos[start : start + T], self._sin[start : start + T]
+        self._reserve(past + T, q)  # positions never run past the rows cached
+        at = slice(start, start + T) if positions is None else positions
+        cos, sin = self._cos[at], self._sin[at]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         self.k[:, :, past : past + T], self.v[:, :, past : past + T] = k, v
         self._len = past + T
-        mask = None  # one row attends to every cached row and itself
-        if T > 1:  # rows past.. attend causally: row i sees columns <= past + i
+        if mask is None and T > 1:  # rows past.. attend causally: row i sees columns <= past + i
             rows = torch.arange(T, device=x.device)[:, None] + past
             mask = torch.arange(past + T, device=x.device)[None, :] <= rows
         out = torch.nn.functional.scaled_dot_product_attention(
@@ -201,6 +219,18 @@ class DraftRunner:
         )
         hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(1, T, attn.nh * attn.hd))
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def target_ids(self) -> list[int]:
+        """The target token id of each draft-vocabulary id, as a list (read once)."""
+        if self._to_target is None:
+            n = self.d.d2t.numel()
+            self._to_target = self.d.draft_to_target(torch.arange(n, device=self.d.d2t.device))
+            self._to_target = self._to_target.tolist()
+        return self._to_target
+
+    def rows(self, hidden, tokens, positions, mask) -> torch.Tensor:
+        """Rows at arbitrary ``positions`` under an explicit ``mask`` (tree drafting)."""
+        return self._layer(hidden, tokens, self._len, positions, mask)
 
     @torch.inference_mode()
     def extend(self, aux: torch.Tensor, next_tokens: list[int], start: int) -> None:
@@ -288,20 +318,27 @@ def greedy_generate(target: Target, prompt: list[int], max_new_tokens: int, eos=
     return Generation(out, time.perf_counter() - t0)
 
 
-def speculative_generate(
-    target: Target, drafter: DraftRunner, prompt: list[int], k: int, max_new_tokens: int, eos=()
-) -> Generation:
-    """Greedy chain speculative decoding with k drafts per step; the output equals greedy's."""
-    if k < 1:
-        raise SpeculateError(f"evaluate.draft_tokens must be at least 1, got {k}")
+def start_speculation(target: Target, drafter: DraftRunner, prompt, max_new_tokens: int, eos):
+    """The prompt through the target and the drafter: (t0, cache, [first token], eos set,
+    whether generation is already over)."""
     if not prompt:
         raise SpeculateError("an empty prompt cannot be decoded")
     eos = set(eos)
     t0, cache, out, aux = _prefill(target, prompt)
     drafter.reset()
     drafter.extend(aux, prompt[1:] + out, 0)
-    accepted: list[int] = []
     out, done = _finish(out, max_new_tokens, eos)
+    return t0, cache, out, eos, done
+
+
+def speculative_generate(
+    target: Target, drafter: DraftRunner, prompt: list[int], k: int, max_new_tokens: int, eos=()
+) -> Generation:
+    """Greedy chain speculative decoding with k drafts per step; the output equals greedy's."""
+    if k < 1:
+        raise SpeculateError(f"evaluate.draft_tokens must be at least 1, got {k}")
+    t0, cache, out, eos, done = start_speculation(target, drafter, prompt, max_new_tokens, eos)
+    accepted: list[int] = []
     while not done:
         n = cache_length(cache)  # positions the target has seen; out[-1] sits at position n
         drafts = drafter.propose(k)

@@ -83,6 +83,8 @@ def run_speculate(
     architecture=None,
     warmup=1,
     repeats=3,
+    topk=1,
+    verify_tokens=None,
 ) -> dict:
     """The transformers loop: plain vs speculative greedy decoding, with the machine; the
     speed-up is the median of ``repeats`` interleaved passes (eyrie/evaluate/compare.py)."""
@@ -104,6 +106,8 @@ def run_speculate(
             eos=sp.eos_ids(tokenizer, target.model.config),
             warmup=warmup,
             repeats=repeats,
+            topk=topk,
+            verify_tokens=verify_tokens,
         )
     finally:
         target.close()
@@ -138,6 +142,8 @@ def run_online(
     server_args=None,
     cuda_graph=True,
     if_possible=False,
+    topk=1,
+    verify_tokens=None,
 ) -> dict:
     """SGLang with and without the exported drafter; with ``if_possible``, a 'not run' record
     naming the reason where it cannot run (no GPU, another capture backend, no sglang)."""
@@ -160,6 +166,8 @@ def run_online(
             ps,
             max_new_tokens=max_new_tokens,
             draft_tokens=draft_tokens,
+            topk=topk,
+            verify_tokens=verify_tokens,
             log_dir=log_dir,
             launch_timeout=launch_timeout,
             server_args=on.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),

@@ -12,6 +12,7 @@ greedy decoding. On a shared machine the spread shows how steady the ratio is.
     python benchmarks/bench_speculate.py                               # toy-llama, CPU
     python benchmarks/bench_speculate.py --device cuda --draft-tokens 1 2 3 4 5
     python benchmarks/bench_speculate.py --untrained                   # a random drafter
+    python benchmarks/bench_speculate.py --target models/toy-llama-deep --shapes 3-4-8   # trees
 
 The drafter defaults to results/train/drafter (the default workflow's); ``--untrained`` uses a
 random one instead, which shows what rejected drafts cost.
@@ -63,6 +64,12 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--draft-tokens", type=int, nargs="+", default=[3])
+    ap.add_argument(
+        "--shapes",
+        nargs="+",
+        default=[],
+        help="also trees, as STEPS-TOPK-VERIFIED (e.g. 3-4-8 2-4-6); STEPS-1-(STEPS+1) a chain",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="interleaved timing passes")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=sorted(sp.DTYPES))
@@ -97,13 +104,15 @@ def main() -> int:
         f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, batch 1, greedy"
     )
     results = []
-    for k in args.draft_tokens:
+    shapes = [(k, 1, k + 1) for k in args.draft_tokens]
+    shapes += [tuple(int(x) for x in s.split("-")) for s in args.shapes]
+    for k, topk, verify in shapes:
         r = compare(target, runner, prompts, k=k, max_new_tokens=args.max_new_tokens, eos=eos,
-                    repeats=args.repeats)  # fmt: skip
+                    repeats=args.repeats, topk=topk, verify_tokens=verify)  # fmt: skip
         r.pop("rows")
         results.append(r)
         print(
-            f"k={k}: plain {r['plain_tokens_per_s']:.1f} tok/s | speculative "
+            f"{k}-{topk}-{verify}: plain {r['plain_tokens_per_s']:.1f} tok/s | speculative "
             f"{r['spec_tokens_per_s']:.1f} tok/s | ratio {r['speedup']:.2f}x (median of "
             f"{r['repeats']}, {r['speedup_min']:.2f}-{r['speedup_max']:.2f}x) | mean accept "
             f"length {r['accept_length']:.2f} (drafts accepted {r['accepted_drafts_mean']:.2f} "

@@ -9,6 +9,7 @@ store written is also checked to hold the same bytes, file by file, as the 1-thr
     python benchmarks/bench_writer.py                    # hidden 256 and 4096
     python benchmarks/bench_writer.py --hidden 4096 --tokens 1024 --samples 64 --repeats 3
     python benchmarks/bench_writer.py --as-extractor     # plus the extractor's per-sample work
+    python benchmarks/bench_writer.py --encoder zarr     # shard files written by zarr itself
 
 ``--as-extractor`` appends as eyrie/extract/shard.py does: each sample's bf16 patterns checked
 for Inf/NaN (``all_finite_bits``), then handed over (``append(copy=False)``).
@@ -34,7 +35,7 @@ from synthetic_data import synthetic_activations  # noqa: E402
 from eyrie.common.provenance import machine  # noqa: E402
 from eyrie.store.format import all_finite_bits, bf16_bits  # noqa: E402
 from eyrie.store.parallel import cores  # noqa: E402
-from eyrie.store.writer import ShardWriter  # noqa: E402
+from eyrie.store.writer import SHARD_ENCODER, SHARD_ENCODERS, ShardWriter  # noqa: E402
 
 K = 3  # aux layers, as EAGLE-3 captures
 
@@ -62,6 +63,7 @@ def write(path: Path, hidden: int, pool: list[tuple], args, threads: int) -> flo
         chunk_tokens=args.chunk_tokens,
         shard_tokens=args.shard_tokens,
         writer_threads=threads,
+        shard_encoder=args.encoder,
     )
     try:
         start = time.perf_counter()
@@ -105,6 +107,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the records here")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--as-extractor", action="store_true", help="finite check + hand-over")
+    ap.add_argument(
+        "--encoder",
+        choices=SHARD_ENCODERS,
+        default=SHARD_ENCODER,
+        help="who encodes the token arrays' shard files (eyrie/store/shard_files.py, or zarr)",
+    )
     args = ap.parse_args()
 
     n_cores = cores()
@@ -112,7 +120,8 @@ def main() -> None:
     print("machine:", json.dumps(machine()), f"| usable cores {n_cores}")
     print(
         f"{args.samples} samples x {args.tokens} tokens, {K} aux layers, commit every "
-        f"{args.commit_every} samples, chunk {args.chunk_tokens} / shard {args.shard_tokens}"
+        f"{args.commit_every} samples, chunk {args.chunk_tokens} / shard {args.shard_tokens}, "
+        f"shard files encoded by {args.encoder}"
     )
     records = []
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench_writer-") as tmp:
@@ -135,6 +144,7 @@ def main() -> None:
                 rec = {
                     "hidden": hidden,
                     "threads": t,
+                    "encoder": args.encoder,
                     "raw_mb": round(raw_mb, 1),
                     "seconds": [round(x, 3) for x in seconds[t]],
                     "mb_s": round(raw_mb / s, 1),

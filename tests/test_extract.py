@@ -359,8 +359,9 @@ def test_cuda_without_gpu_is_a_clear_error():
 def test_disk_full_names_store_space_and_resumes_bit_exact(
     setup, uninterrupted, tmp_path, monkeypatch
 ):
-    """ENOSPC from zarr's own chunk writes in the third commit: a clear ExtractError (store,
-    space needed and free, rerun resumes), and the rerun gives the single-run store exactly."""
+    """ENOSPC from the shard file writes (zarr's, or Eyrie's encoder's) in the third commit: a
+    clear ExtractError (store, space needed and free, rerun resumes), and the rerun gives the
+    single-run store exactly."""
     import errno
 
     import zarr.storage
@@ -381,8 +382,18 @@ def test_disk_full_names_store_space_and_resumes_bit_exact(
             raise OSError(errno.ENOSPC, "No space left on device", key)
         return await real_set(self, key, value, *args, **kwargs)
 
+    import eyrie.store.shard_files as shard_files
+
+    real_write = shard_files.write_bytes_durable
+
+    def full_write(path, pieces):  # the token arrays' shard files, written by Eyrie's encoder
+        if calls["commit"] >= 3 and "aux_hidden/c" in path.as_posix():
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_write(path, pieces)
+
     monkeypatch.setattr(store_mod.ShardWriter, "commit", commit)
     monkeypatch.setattr(zarr.storage.LocalStore, "set", full_set)
+    monkeypatch.setattr(shard_files, "write_bytes_durable", full_write)
     out = tmp_path / "out"
     with pytest.raises(ExtractError) as err:
         run(setup, out)

@@ -591,32 +591,40 @@ def test_writer_threads_setting_is_checked(tmp_path):
             writer(tmp_path / "s", writer_threads=bad)
 
 
-def test_failed_piece_of_a_threaded_commit_commits_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("encoder", ["eyrie", "zarr"])
+def test_failed_piece_of_a_threaded_commit_commits_nothing(tmp_path, monkeypatch, encoder):
     """One shard file's write fails: the commit raises after every piece ended, no record."""
     from eyrie.store.parallel import Pool
+    from eyrie.store.shard_files import TokenShardFiles
 
     samples = [make_sample(i, tokens=40) for i in range(6)]
-    w = writer(tmp_path / "s", writer_threads=4)
+    w = writer(tmp_path / "s", writer_threads=4, shard_encoder=encoder)
     for s in samples[:2]:
         w.append(**s)
     w.commit()
     for s in samples[2:]:
         w.append(**s)
-    real = Pool.setitem
+    real_setitem, real_write = Pool.setitem, TokenShardFiles.write
 
-    def flaky(self, arr, selection, value):
+    def flaky_setitem(self, arr, selection, value):
         if arr.path == "final_hidden" and selection.start >= 128:
             raise OSError("disk full (simulated)")
-        return real(self, arr, selection, value)
+        return real_setitem(self, arr, selection, value)
 
-    monkeypatch.setattr(Pool, "setitem", flaky)
+    def flaky_write(self, name, lo, hi, gather):
+        if name == "final_hidden" and lo >= 128:
+            raise OSError("disk full (simulated)")
+        return real_write(self, name, lo, hi, gather)
+
+    monkeypatch.setattr(Pool, "setitem", flaky_setitem)
+    monkeypatch.setattr(TokenShardFiles, "write", flaky_write)
     with pytest.raises(OSError, match="disk full"):
         w.commit()
     monkeypatch.undo()
     w.close()
     part = ShardReader(tmp_path / "s", require_complete=False)
     assert len(part) == 2 and part.num_tokens == 80
-    w = writer(tmp_path / "s", writer_threads=4)
+    w = writer(tmp_path / "s", writer_threads=4, shard_encoder=encoder)
     assert w.committed_ids == ["conv-0", "conv-1"]
     for s in samples[2:]:
         w.append(**s)

@@ -70,7 +70,7 @@ def shape_text(rec: dict) -> str:
     k, topk = rec.get("draft_tokens"), int(rec.get("topk") or 1)
     if topk == 1:
         return f"{k} draft tokens"
-    return f"a tree of {k} steps x top-{topk}, {rec.get('verify_tokens')} tokens verified"
+    return f"a tree of {k} steps × top-{topk}, {rec.get('verify_tokens')} tokens verified"
 
 
 def speed(inp: Inputs) -> tuple[float | None, str, float | None, int | None]:

@@ -85,6 +85,47 @@ def from_bf16_bits(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
 
 
+def int_vector(x, name: str, who: str, allow_bool: bool = False) -> np.ndarray:
+    """A sample's 1-D integer (or bool) field as an ndarray; StoreError naming it otherwise."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    ok = np.issubdtype(a.dtype, np.integer) or (allow_bool and a.dtype == np.bool_)
+    if not ok:
+        raise StoreError(f"{who}: {name} must be an integer array, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise StoreError(f"{who}: {name} must be 1-D (tokens,), got shape {a.shape}")
+    return a
+
+
+def input_bits(x, name: str, shape: tuple, who: str) -> tuple[np.ndarray, bool]:
+    """uint16 bf16 bit patterns (floats rounded to bf16), and whether they are a new array."""
+    if isinstance(x, np.ndarray) and x.dtype == np.uint16:
+        bits, fresh = x, False
+    elif isinstance(x, torch.Tensor) and x.is_floating_point():
+        bits = bf16_bits(x)
+        fresh = not _shares_memory(bits, x)
+    elif isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating):
+        bits, fresh = bf16_bits(torch.from_numpy(np.ascontiguousarray(x))), True
+    else:
+        dtype = getattr(x, "dtype", type(x).__name__)
+        raise StoreError(
+            f"{who}: {name} must be a floating tensor (bf16 preferred) or a uint16 array "
+            f"of bf16 bits, got {dtype}"
+        )
+    if tuple(bits.shape) != shape:
+        raise StoreError(f"{who}: {name} must have shape {shape}, got {tuple(bits.shape)}")
+    return bits, fresh
+
+
+def _shares_memory(bits: np.ndarray, t: torch.Tensor) -> bool:
+    """Whether bf16_bits(t) is a view of t's own memory (a contiguous CPU bf16 tensor)."""
+    if t.device.type != "cpu" or bits.size == 0:
+        return t.device.type == "cpu"
+    lo = t.untyped_storage().data_ptr()
+    return lo <= bits.ctypes.data < lo + t.untyped_storage().nbytes()
+
+
 # ---------------------------------------------------------------------------------------------
 # small helpers
 
@@ -124,6 +165,25 @@ def write_json_durable(p: Path, obj: dict) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, p)
         fsync(p.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_bytes_durable(p: Path, pieces: Sequence[bytes]) -> None:
+    """Write the pieces, in order, to a temp name beside p (``.eyrie-tmp``), fsync, os.replace.
+
+    The folder is not fsynced here: a commit fsyncs the folders of all its files once, after
+    every file (``fsync_tree``). The temp name is one a resuming writer deletes.
+    """
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f"{p.name}.{uuid.uuid4().hex}{OUR_TMP}")
+    try:
+        with open(tmp, "wb") as f:
+            for piece in pieces:
+                f.write(piece)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
     finally:
         tmp.unlink(missing_ok=True)
 

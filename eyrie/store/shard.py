@@ -5,6 +5,7 @@ the contract, and these modules are one implementation of it:
 
 - eyrie/store/format.py: array names, the commit record, bf16 bit patterns, durable writes;
 - eyrie/store/writer.py: ShardWriter (append, commit, finish, resume after a kill);
+- eyrie/store/shard_files.py: the token arrays' shard files, encoded as zarr writes them;
 - eyrie/store/reader.py: ShardReader (one store by sample) and ShardDataset (many, for torch);
 - eyrie/store/codecs.py: compressors and the lossy precision; eyrie/store/lock.py: one writer.
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from functools import partial
 from pathlib import Path
 
 import numpy as np
-import torch
 import zarr
 
 from eyrie.store.codecs import WRITE_CONFIG as _WRITE_CONFIG
@@ -33,12 +33,13 @@ from eyrie.store.format import (
     TOKEN_ARRAYS,
     ZARR_TMP,
     StoreError,
-    bf16_bits,
     check_version,
     expected_chunk_files,
     fsync,
     fsync_tree,
     ids_digest,
+    input_bits,
+    int_vector,
     json_normal,
     local_store,
     read_commit,
@@ -47,6 +48,12 @@ from eyrie.store.format import (
 )
 from eyrie.store.lock import StoreLock
 from eyrie.store.parallel import Pool, resolve_threads, spans
+from eyrie.store.shard_files import TokenShardFiles, UnsupportedLayout
+
+# Who encodes the token arrays' shard files: "eyrie" (eyrie/store/shard_files.py, the same
+# bytes as zarr's at a fraction of its overhead) or "zarr" (``arr[lo:hi] = values``).
+SHARD_ENCODERS = ("eyrie", "zarr")
+SHARD_ENCODER = "eyrie"
 
 
 class ShardWriter:
@@ -70,10 +77,15 @@ class ShardWriter:
         lock: StoreLock | None = None,
         precision: str = "lossless",
         writer_threads: int | str = "auto",
+        shard_encoder: str = SHARD_ENCODER,
     ):
         self.path = Path(path)
         self._closed = False
         self._pool: Pool | None = None
+        self._shard_files: TokenShardFiles | None = None
+        if shard_encoder not in SHARD_ENCODERS:
+            raise StoreError(f"{self.path}: shard_encoder must be one of {SHARD_ENCODERS}")
+        self.shard_encoder = shard_encoder
         try:  # how many shard files a commit writes at once (eyrie/store/parallel.py)
             self.writer_threads = resolve_threads(writer_threads)
         except ValueError as exc:
@@ -262,6 +274,12 @@ class ShardWriter:
                         f"store is damaged, delete {p} and re-extract"
                     )
                 arr.resize((want[name], *arr.shape[1:]))  # drop what was written past commit
+        if self.shard_encoder == "eyrie":
+            try:  # a layout it cannot reproduce byte for byte stays with zarr
+                tokens = {name: self._arrays[name] for name in TOKEN_ARRAYS}
+                self._shard_files = TokenShardFiles(p, tokens)
+            except UnsupportedLayout:
+                self._shard_files = None
         ids = [str(s) for s in self._arrays["sample_id"][:]] if n else []
         offsets = self._arrays["offsets"][:]
         if ids_digest(ids) != rec["sample_ids_sha256"] or int(offsets[-1]) != t:
@@ -310,13 +328,13 @@ class ShardWriter:
                 "writer.committed_ids when resuming, and make dataset ids unique"
             )
         who = f"{p}: sample {sample_id!r}"
-        ids = self._int_vector(input_ids, "input_ids", who)
+        ids = int_vector(input_ids, "input_ids", who)
         n_tok = ids.shape[0]
         if n_tok == 0:
             raise StoreError(f"{who} has no tokens; drop empty samples before extraction")
         if ids.min() < 0 or ids.max() > np.iinfo(np.int32).max:
             raise StoreError(f"{who}: input_ids must be token ids in [0, 2**31), got out-of-range")
-        mask = self._int_vector(loss_mask, "loss_mask", who, allow_bool=True)
+        mask = int_vector(loss_mask, "loss_mask", who, allow_bool=True)
         if mask.shape[0] != n_tok:
             raise StoreError(f"{who}: loss_mask has {mask.shape[0]} tokens, input_ids {n_tok}")
         if mask.size and not np.isin(mask, (0, 1)).all():
@@ -343,7 +361,8 @@ class ShardWriter:
         a["offsets"].resize((n1 + 1,))
         a["sample_id"].resize((n1,))
         starts = np.concatenate([[0], np.cumsum(lengths)])  # of each sample, from t0
-        split = self.writer_threads > 1  # one piece per shard file, else one per array
+        # one piece per shard file (several threads, or our own encoder), else one per array
+        split = self.writer_threads > 1 or self._shard_files is not None
         self._flushed = []
         jobs = [
             (lambda j=j, name=name, lo=lo, hi=hi: self._write_tokens(j, name, lo, hi, t0, starts))
@@ -391,6 +410,9 @@ class ShardWriter:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if self._shard_files is not None:
+            self._shard_files.close()
+            self._shard_files = None
         if self._own_lock:
             self._store_lock.release()
 
@@ -421,6 +443,20 @@ class ShardWriter:
         Only this span is gathered into one array, so memory stays bounded by the pieces
         running at once (one array of the commit group on one thread, as before).
         """
+        if self._shard_files is not None:  # one shard file, chunk by chunk, fsynced already
+            gather = partial(self._gather, j, t0=t0, starts=starts)
+            self._flushed.append(self._shard_files.write(name, lo, hi, gather))
+            return
+        block = self._gather(j, lo, hi, t0, starts)
+        pool = self._threads()
+        pool.setitem(self._arrays[name], slice(lo, hi), block)
+        if pool.threads > 1:  # flush now, while other pieces still compress (commit does the rest)
+            for f in expected_chunk_files(self._arrays[name], hi, lo):
+                fsync(self.path / name / f)
+                self._flushed.append(f"{name}/{f}")
+
+    def _gather(self, j: int, lo: int, hi: int, t0: int, starts) -> np.ndarray:
+        """Buffered field j over tokens [lo, hi): a view when one sample holds them all."""
         first = int(np.searchsorted(starts, lo - t0, side="right")) - 1
         pieces, at = [], lo
         for k in range(first, len(self._buffer)):
@@ -429,13 +465,7 @@ class ShardWriter:
                 break
             pieces.append(self._buffer[k][j][max(at, s0) - s0 : min(hi, s1) - s0])
             at = min(hi, s1)
-        block = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        pool = self._threads()
-        pool.setitem(self._arrays[name], slice(lo, hi), block)
-        if pool.threads > 1:  # flush now, while other pieces still compress (commit does the rest)
-            for f in expected_chunk_files(self._arrays[name], hi, lo):
-                fsync(self.path / name / f)
-                self._flushed.append(f"{name}/{f}")
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def _write_commit_record(self, n: int, t: int, ids: list[str]) -> None:
         write_json_durable(
@@ -448,18 +478,6 @@ class ShardWriter:
             },
         )
 
-    @staticmethod
-    def _int_vector(x, name: str, who: str, allow_bool: bool = False) -> np.ndarray:
-        if isinstance(x, torch.Tensor):
-            x = x.detach().cpu().numpy()
-        a = np.asarray(x)
-        ok = np.issubdtype(a.dtype, np.integer) or (allow_bool and a.dtype == np.bool_)
-        if not ok:
-            raise StoreError(f"{who}: {name} must be an integer array, got dtype {a.dtype}")
-        if a.ndim != 1:
-            raise StoreError(f"{who}: {name} must be 1-D (tokens,), got shape {a.shape}")
-        return a
-
     def _owned_bits(self, x, name: str, shape: tuple, who: str, copy: bool) -> np.ndarray:
         """C-contiguous uint16 bf16 patterns for the buffer, rounded when the store is lossy.
 
@@ -467,37 +485,9 @@ class ShardWriter:
         asked for a copy: a cast to bf16, a copy off the GPU or the lossy rounding already
         made a new array, and copying it again (as this once did) cost a pass over every state.
         """
-        bits, fresh = self._bits(x, name, shape, who)
+        bits, fresh = input_bits(x, name, shape, who)
         if self.mantissa_bits is not None:  # the lossy precision: rounded before compression
             return round_bf16_bits(bits, self.mantissa_bits)
         if copy and not fresh:
             return np.array(bits, dtype=np.uint16, copy=True, order="C")
         return np.ascontiguousarray(bits)
-
-    @staticmethod
-    def _bits(x, name: str, shape: tuple, who: str) -> tuple[np.ndarray, bool]:
-        """uint16 bf16 bit patterns (floats rounded to bf16), and whether they are a new array."""
-        if isinstance(x, np.ndarray) and x.dtype == np.uint16:
-            bits, fresh = x, False
-        elif isinstance(x, torch.Tensor) and x.is_floating_point():
-            bits = bf16_bits(x)
-            fresh = not _shares_memory(bits, x)
-        elif isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating):
-            bits, fresh = bf16_bits(torch.from_numpy(np.ascontiguousarray(x))), True
-        else:
-            dtype = getattr(x, "dtype", type(x).__name__)
-            raise StoreError(
-                f"{who}: {name} must be a floating tensor (bf16 preferred) or a uint16 array "
-                f"of bf16 bits, got {dtype}"
-            )
-        if tuple(bits.shape) != shape:
-            raise StoreError(f"{who}: {name} must have shape {shape}, got {tuple(bits.shape)}")
-        return bits, fresh
-
-
-def _shares_memory(bits: np.ndarray, t: torch.Tensor) -> bool:
-    """Whether bf16_bits(t) is a view of t's own memory (a contiguous CPU bf16 tensor)."""
-    if t.device.type != "cpu" or bits.size == 0:
-        return t.device.type == "cpu"
-    lo = t.untyped_storage().data_ptr()
-    return lo <= bits.ctypes.data < lo + t.untyped_storage().nbytes()

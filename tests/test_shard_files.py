@@ -1,0 +1,194 @@
+"""Shard files encoded by eyrie/store/shard_files.py hold exactly zarr's bytes.
+
+Every file of a store written with ``shard_encoder="eyrie"`` must have the sha256 of the same
+store written with ``shard_encoder="zarr"`` (arr[lo:hi] = values), over commits that end
+inside a chunk, on a chunk edge, exactly on a shard edge, and that span several shards; and
+the stores must read back, with plain zarr, as the values written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+from eyrie.store.shard import ShardWriter
+
+AUX = [0, 1, 2]
+K = len(AUX)
+PROV = {"target": "shard-files-test"}
+ROWS = 1024  # distinct token rows of hidden states; samples are slices of them
+
+
+def plan(shard: int, rng: np.random.Generator) -> list[list[int]]:
+    """Sample lengths (1..600) per commit, the commits ending at chosen token counts."""
+    ends = [700, shard, shard + 300, shard + 301, 2 * shard - 256, 2 * shard, 2 * shard + 5]
+    if shard <= 2048:
+        ends += [4 * shard + 77, 4 * shard + 77 + 1]  # a commit over two whole shards
+    commits, at = [], 0
+    for end in ends:
+        lengths = []
+        while at < end:
+            n = min(int(rng.integers(1, 601)), end - at)
+            lengths.append(n)
+            at += n
+        commits.append(lengths)
+    return commits
+
+
+def rows(hidden: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """bf16-like uint16 patterns (finite, varied exponents) for aux and final states."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_t(5, size=(ROWS, K + 1, hidden)) * 2.0).astype(np.float32)
+    b = (x.view(np.uint32) >> 16).astype(np.uint16)
+    return np.ascontiguousarray(b[:, :K]), np.ascontiguousarray(b[:, K])
+
+
+def write(path, hidden, shard, precision, encoder, commits, aux_rows, fin_rows, threads=1):
+    """Write the plan; returns the values written (uint16 patterns as given, before rounding)."""
+    rng = np.random.default_rng(7)
+    want = {"input_ids": [], "loss_mask": [], "aux_hidden": [], "final_hidden": []}
+    w = ShardWriter(
+        path,
+        hidden_size=hidden,
+        aux_layer_ids=AUX,
+        provenance=PROV,
+        chunk_tokens=256,
+        shard_tokens=shard,
+        precision=precision,
+        writer_threads=threads,
+        shard_encoder=encoder,
+    )
+    with w:
+        i = 0
+        for lengths in commits:
+            for n in lengths:
+                start = int(rng.integers(0, ROWS - n + 1))
+                ids = rng.integers(0, 128_000, n)
+                mask = rng.integers(0, 2, n).astype(bool)
+                aux, fin = aux_rows[start : start + n], fin_rows[start : start + n]
+                w.append(f"s{i}", ids, mask, aux, fin)
+                for key, v in zip(want, (ids, mask, aux, fin), strict=True):
+                    want[key].append(v)
+                i += 1
+            w.commit()
+        w.finish()
+    return {key: np.concatenate(v) for key, v in want.items()}
+
+
+def digests(path) -> dict[str, str]:
+    return {
+        str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(path.rglob("*"))
+        if f.is_file()
+    }
+
+
+def check_read_back(path, want, precision) -> None:
+    g = zarr.open_group(str(path), mode="r")
+    np.testing.assert_array_equal(g["input_ids"][:], want["input_ids"])
+    np.testing.assert_array_equal(g["loss_mask"][:], want["loss_mask"].astype(np.uint8))
+    for key in ("aux_hidden", "final_hidden"):
+        got = g[key][:]
+        if precision == "lossless":
+            np.testing.assert_array_equal(got, want[key])
+        else:  # rounded to 3 mantissa bits: within 2^-4 of each value
+            a = (got.astype(np.uint32) << 16).view(np.float32)
+            b = (want[key].astype(np.uint32) << 16).view(np.float32)
+            assert np.all(np.abs(a - b) <= np.abs(b) * 2.0**-4)
+
+
+CASES = [(256, 2048), (256, 16384), (4096, 2048)]
+if os.environ.get("EYRIE_FULL_TESTS") == "1":
+    CASES.append((4096, 16384))  # ~1 GB of states per store: minutes on one core
+
+
+@pytest.mark.parametrize("precision", ["lossless", "bitround-3"])
+@pytest.mark.parametrize(("hidden", "shard"), CASES)
+def test_our_shard_files_are_zarrs_bytes(tmp_path, hidden, shard, precision):
+    commits = plan(shard, np.random.default_rng(hidden + shard))
+    aux_rows, fin_rows = rows(hidden, seed=hidden)
+    got = {}
+    for encoder in ("zarr", "eyrie"):
+        path = tmp_path / encoder
+        want = write(path, hidden, shard, precision, encoder, commits, aux_rows, fin_rows)
+        got[encoder] = digests(path)
+        check_read_back(path, want, precision)
+    assert len(got["eyrie"]) > 10
+    assert got["eyrie"] == got["zarr"]
+
+
+def test_same_bytes_on_several_threads_and_small_chunks(tmp_path):
+    """Many short commits into 64-token shards of 16-token chunks, on 1 and 3 threads."""
+    aux_rows, fin_rows = rows(32, seed=1)
+    got = {}
+    for encoder, threads in (("zarr", 1), ("eyrie", 1), ("eyrie", 3)):
+        path = tmp_path / f"{encoder}-{threads}"
+        w = ShardWriter(
+            path,
+            hidden_size=32,
+            aux_layer_ids=AUX,
+            provenance=PROV,
+            chunk_tokens=16,
+            shard_tokens=64,
+            writer_threads=threads,
+            shard_encoder=encoder,
+        )
+        with w:
+            local = np.random.default_rng(5)
+            for i in range(60):
+                n = int(local.integers(1, 40))
+                w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[:n], fin_rows[:n])
+                if local.random() < 0.4:
+                    w.commit()
+            w.finish()
+        got[(encoder, threads)] = digests(path)
+    assert len(got[("zarr", 1)]) > 40
+    assert got[("eyrie", 1)] == got[("zarr", 1)] and got[("eyrie", 3)] == got[("zarr", 1)]
+
+
+def test_resumed_store_gets_zarrs_bytes(tmp_path, monkeypatch):
+    """Data written past the commit (a kill before the record), then a resume: as zarr does."""
+    aux_rows, fin_rows = rows(32, seed=2)
+    got = {}
+    for encoder in ("zarr", "eyrie"):
+        path = tmp_path / encoder
+
+        def open_writer(encoder=encoder, path=path):
+            return ShardWriter(
+                path,
+                hidden_size=32,
+                aux_layer_ids=AUX,
+                provenance=PROV,
+                chunk_tokens=16,
+                shard_tokens=64,
+                shard_encoder=encoder,
+            )
+
+        w = open_writer()
+        for i, n in enumerate((20, 30)):
+            w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[:n], fin_rows[:n])
+        w.commit()  # 50 tokens, inside shard 0
+        for i, n in enumerate((25, 40), start=2):  # to 115: into shard 1, never committed
+            w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[5 : 5 + n], fin_rows[:n])
+
+        def die(*_a, **_k):
+            raise KeyboardInterrupt("killed before the commit record")
+
+        monkeypatch.setattr(ShardWriter, "_write_commit_record", die)
+        with pytest.raises(KeyboardInterrupt):
+            w.commit()
+        monkeypatch.undo()
+        w.close()
+        w = open_writer()  # resumes at 50 tokens; shard 0 holds data past them on disk
+        assert w.num_tokens == 50
+        for i, n in enumerate((9, 3, 70), start=2):
+            w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[9 : 9 + n], fin_rows[:n])
+            w.commit()
+        w.finish()
+        w.close()
+        got[encoder] = digests(path)
+    assert got["eyrie"] == got["zarr"]

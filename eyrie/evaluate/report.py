@@ -235,16 +235,16 @@ def fig_tau(inp: Inputs, path: Path) -> None:
         if s.get("accept_length") and not _nan(s["accept_length"]):
             ax.plot(
                 [s["draft_tokens"]], [s["accept_length"]], "*", ms=14, color="C3",
-                label=f"measured, transformers loop ({s['accept_length']:.2f})",
+                label=f"measured, transformers loop, {shape_text(s)} ({s['accept_length']:.2f})",
             )  # fmt: skip
         o = inp.online or {}
         if o.get("status") == "ok" and o.get("accept_length"):
             ax.plot(
                 [o["draft_tokens"]], [o["accept_length"]], "D", ms=9, color="C2",
-                label=f"measured, SGLang spec_accept_length ({o['accept_length']:.2f})",
+                label=f"measured, SGLang, {shape_text(o)} ({o['accept_length']:.2f})",
             )  # fmt: skip
         ax.set_xticks(ks)
-        ax.set_xlabel("draft tokens per verify step (K)")
+        ax.set_xlabel("draft tokens per verify step (K; a tree: its steps)")
         ax.set_ylabel("tokens per verify step")
         ax.set_ylim(0, max(ks) + 1.5)
         ax.legend(fontsize=8, loc="upper left")

@@ -250,9 +250,18 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--width", nargs="+", default=["toy"], choices=["toy", "realistic"])
     ap.add_argument("--layers", type=int, default=8, help="layers of the realistic model")
+    ap.add_argument(
+        "--switch-interval",
+        type=float,
+        help="sys.setswitchinterval for the run (seconds; Python's default is 0.005): how "
+        "often the forward and writer threads trade the GIL",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+        print(f"GIL switch interval {sys.getswitchinterval()} s")
 
     print(f"machine:  {machine(resolve_device(args.device).type)}")
     start = time.perf_counter()

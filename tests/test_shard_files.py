@@ -103,7 +103,7 @@ def check_read_back(path, want, precision) -> None:
 
 CASES = [(256, 2048), (256, 16384), (4096, 2048)]
 if os.environ.get("EYRIE_FULL_TESTS") == "1":
-    CASES.append((4096, 16384))  # ~1 GB of states per store: minutes on one core
+    CASES.append((4096, 16384))  # ~1 GB of states per store: about a minute on one core
 
 
 @pytest.mark.parametrize("precision", ["lossless", "bitround-3"])

@@ -150,14 +150,16 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     bare_forward(target.model, batches[:2], pad, target.device)  # warm-up
     bare_forward(base, batches[:2], pad, target.device)
 
-    variants = [(q, st) for st in args.shard_tokens for q in args.writer_queue]
+    variants = [
+        (q, st, e) for e in args.encoder for st in args.shard_tokens for q in args.writer_queue
+    ]
     bare, bare_base, runs = [], [], {v: [] for v in variants}
     for r in range(args.repeats):
         bare.append(bare_forward(target.model, batches, pad, target.device))
         bare_base.append(bare_forward(base, batches, pad, target.device))
-        for q, st in variants:
-            extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
-            out_dir = tmp / f"{label}-q{q}-s{st}-run{r}"
+        for q, st, enc in variants:
+            extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st, "shard_encoder": enc}
+            out_dir = tmp / f"{label}-q{q}-s{st}-{enc}-run{r}"
             out = extract_shard(
                 data_path=data,
                 target_path=target_path,
@@ -176,7 +178,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             )
             stored = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
             shutil.rmtree(out_dir)
-            runs[q, st].append({**out.seconds, "stored": stored})
+            runs[q, st, enc].append({**out.seconds, "stored": stored})
 
     med = statistics.median
     b, bb = med(bare), med(bare_base)
@@ -194,8 +196,9 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     print(f"bare forward (full model):      {b:8.3f} s  {tokens / b:10.0f} tok/s")
     print(f"bare forward (no lm_head):      {bb:8.3f} s  {tokens / bb:10.0f} tok/s")
     result = {"tokens": tokens, "bare": b, "bare_base": bb}
-    for (q, st), rs in runs.items():
+    for (q, st, enc), rs in runs.items():
         how = "inline writes" if q == 0 else f"writer thread, queue {q}"
+        how += f", {enc} shard files"
         how += f", shard_tokens {st}" + (
             f" (= {shard_tokens_for(st, 256, hidden, 3)})" if st == "auto" else ""
         )
@@ -212,10 +215,10 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             f"{'met' if loop / b <= 1.10 else 'NOT met'}); / forward without lm_head "
             f"{loop / bb:.3f}x"
         )
-        result[f"q{q}-s{st}"] = loop
-    first = f"q{variants[0][0]}-s{variants[0][1]}"
-    for q, st in variants[1:]:
-        name = f"q{q}-s{st}"
+        result[f"q{q}-s{st}-{enc}"] = loop
+    first = "q{}-s{}-{}".format(*variants[0])
+    for q, st, enc in variants[1:]:
+        name = f"q{q}-s{st}-{enc}"
         print(f"  {name} vs {first}: {result[name] / result[first]:.3f}x time")
     del target
     if torch.cuda.is_available():
@@ -247,6 +250,13 @@ def main(argv=None) -> int:
         default=["auto"],
         type=lambda x: x if x == "auto" else int(x),
         help="extract.shard_tokens values to run (auto, or tokens; e.g. 16384 auto)",
+    )
+    ap.add_argument(
+        "--encoder",
+        nargs="+",
+        default=["eyrie"],
+        choices=["eyrie", "zarr"],
+        help="who encodes the shard files: eyrie (eyrie/store/shard_files.py) or zarr",
     )
     ap.add_argument("--width", nargs="+", default=["toy"], choices=["toy", "realistic"])
     ap.add_argument("--layers", type=int, default=8, help="layers of the realistic model")

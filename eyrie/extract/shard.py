@@ -38,10 +38,12 @@ from eyrie.store.background import start_writer
 from eyrie.store.codecs import shard_tokens_for
 from eyrie.store.format import all_finite_bits, bf16_bits
 from eyrie.store.lock import StoreLock
+from eyrie.store.writer import SHARD_ENCODER
 
 log = logging.getLogger("eyrie.extract.shard")
-# extract settings that change only speed: left out of a store's provenance
-WRITER_KNOBS = ("writer_threads",)
+# extract settings that change only speed: left out of a store's provenance (shard_encoder is
+# not in the config schema: benchmarks/bench_extract.py sets it to compare the two writers)
+WRITER_KNOBS = ("writer_threads", "shard_encoder")
 
 __all__ = [
     "ERROR_COLUMNS",
@@ -166,6 +168,7 @@ def extract_shard(
             ),
             precision=str(extract.get("precision", "lossless")),
             writer_threads=extract.get("writer_threads", "auto"),
+            shard_encoder=extract.get("shard_encoder", SHARD_ENCODER),
         )
         try:
             groups, bar = resume_plan(

@@ -151,15 +151,20 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     bare_forward(base, batches[:2], pad, target.device)
 
     variants = [
-        (q, st, e) for e in args.encoder for st in args.shard_tokens for q in args.writer_queue
+        (q, st, e, wt)
+        for wt in args.writer_threads
+        for e in args.encoder
+        for st in args.shard_tokens
+        for q in args.writer_queue
     ]
     bare, bare_base, runs = [], [], {v: [] for v in variants}
     for r in range(args.repeats):
         bare.append(bare_forward(target.model, batches, pad, target.device))
         bare_base.append(bare_forward(base, batches, pad, target.device))
-        for q, st, enc in variants:
-            extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st, "shard_encoder": enc}
-            out_dir = tmp / f"{label}-q{q}-s{st}-{enc}-run{r}"
+        for q, st, enc, wt in variants:
+            extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
+            extract.update(shard_encoder=enc, writer_threads=wt)
+            out_dir = tmp / f"{label}-q{q}-s{st}-{enc}-t{wt}-run{r}"
             out = extract_shard(
                 data_path=data,
                 target_path=target_path,
@@ -178,7 +183,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             )
             stored = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
             shutil.rmtree(out_dir)
-            runs[q, st, enc].append({**out.seconds, "stored": stored})
+            runs[q, st, enc, wt].append({**out.seconds, "stored": stored})
 
     med = statistics.median
     b, bb = med(bare), med(bare_base)
@@ -196,9 +201,9 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     print(f"bare forward (full model):      {b:8.3f} s  {tokens / b:10.0f} tok/s")
     print(f"bare forward (no lm_head):      {bb:8.3f} s  {tokens / bb:10.0f} tok/s")
     result = {"tokens": tokens, "bare": b, "bare_base": bb}
-    for (q, st, enc), rs in runs.items():
+    for (q, st, enc, wt), rs in runs.items():
         how = "inline writes" if q == 0 else f"writer thread, queue {q}"
-        how += f", {enc} shard files"
+        how += f", {enc} shard files, writer_threads {wt}"
         how += f", shard_tokens {st}" + (
             f" (= {shard_tokens_for(st, 256, hidden, 3)})" if st == "auto" else ""
         )
@@ -215,10 +220,10 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             f"{'met' if loop / b <= 1.10 else 'NOT met'}); / forward without lm_head "
             f"{loop / bb:.3f}x"
         )
-        result[f"q{q}-s{st}-{enc}"] = loop
-    first = "q{}-s{}-{}".format(*variants[0])
-    for q, st, enc in variants[1:]:
-        name = f"q{q}-s{st}-{enc}"
+        result[f"q{q}-s{st}-{enc}-t{wt}"] = loop
+    first = "q{}-s{}-{}-t{}".format(*variants[0])
+    for q, st, enc, wt in variants[1:]:
+        name = f"q{q}-s{st}-{enc}-t{wt}"
         print(f"  {name} vs {first}: {result[name] / result[first]:.3f}x time")
     del target
     if torch.cuda.is_available():
@@ -250,6 +255,13 @@ def main(argv=None) -> int:
         default=["auto"],
         type=lambda x: x if x == "auto" else int(x),
         help="extract.shard_tokens values to run (auto, or tokens; e.g. 16384 auto)",
+    )
+    ap.add_argument(
+        "--writer-threads",
+        nargs="+",
+        default=["auto"],
+        type=lambda x: x if x == "auto" else int(x),
+        help="extract.writer_threads values to run (auto: min(8, cores))",
     )
     ap.add_argument(
         "--encoder",

@@ -214,8 +214,8 @@ class ShardFileEncoder:
 class TokenShardFiles:
     """The encoders of a store's token arrays, and the threads their chunks compress on."""
 
-    def __init__(self, store: Path, arrays: dict[str, zarr.Array]):
-        n = cores()
+    def __init__(self, store: Path, arrays: dict[str, zarr.Array], threads: int | None = None):
+        n = cores() if threads is None else threads  # the writer's writer_threads
         self.pool = ThreadPoolExecutor(n, thread_name_prefix="eyrie-blosc") if n > 1 else None
         try:
             self.encoders = {

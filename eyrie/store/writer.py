@@ -277,7 +277,7 @@ class ShardWriter:
         if self.shard_encoder == "eyrie":
             try:  # a layout it cannot reproduce byte for byte stays with zarr
                 tokens = {name: self._arrays[name] for name in TOKEN_ARRAYS}
-                self._shard_files = TokenShardFiles(p, tokens)
+                self._shard_files = TokenShardFiles(p, tokens, self.writer_threads)
             except UnsupportedLayout:
                 self._shard_files = None
         ids = [str(s) for s in self._arrays["sample_id"][:]] if n else []

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# What Eyrie's capture patch costs SGLang's prefill at Llama-3.1-8B's width, on one GPU
+# (benchmarks/sglang_capture_overhead.py): random weights of that shape (--load-format dummy,
+# bf16), the same prefill-only requests (max_new_tokens 1) first to the capture server without
+# the patch, then to the server patched as extraction runs it, with every dump read back.
+#   chat       the first 1024 samples of data/chat/train.jsonl (up to 512 tokens each)
+#   synthetic  256 random prompts of 512 tokens each
+# Needs the GPU kit of shared/gpu/README.md; from the checkout root on the GPU machine:
+#   source .gpu/w2/install.sh && benchmarks/gpu_sglang_capture_overhead.sh
+#   source .gpu/w2/install.sh && PART=synthetic benchmarks/gpu_sglang_capture_overhead.sh
+# PART=chat|synthetic|both (chat: two server starts, about 5 minutes); CONCURRENCY="8 32"
+# (requests in flight, each measured on the same two servers); DUMP_ROOT=/dev/shm (where the
+# dumps go, capture.sglang.dump_root); OUT=benchmarks/out/gpu. Writes
+# capture-overhead-NAME.{json,txt} and one tarball (server logs, bundle, shape) to OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PART=${PART:-chat}
+CONCURRENCY=${CONCURRENCY:-8 32}
+OUT=${OUT:-benchmarks/out/gpu}
+WORK=${WORK:-benchmarks/out/gpu-capture-overhead}
+mkdir -p "$OUT" "$WORK"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 -c 'import sglang, torch; print("sglang", sglang.__version__, "| torch", torch.__version__)'
+df -h "${DUMP_ROOT:-/dev/shm}" || true  # the dump folder's file system
+status=0
+run() {  # run NAME ARGS...: one unpatched and one patched server
+  local name=$1
+  shift
+  # shellcheck disable=SC2086  # CONCURRENCY is a list of numbers
+  python3 benchmarks/sglang_capture_overhead.py --concurrency $CONCURRENCY \
+    ${DUMP_ROOT:+--dump-root "$DUMP_ROOT"} --work "$WORK/$name" \
+    --json "$OUT/capture-overhead-$name.json" "$@" 2>&1 \
+    | tee "$OUT/capture-overhead-$name.txt" || status=1
+}
+if [[ $PART == chat || $PART == both ]]; then
+  run chat --samples 1024
+fi
+if [[ $PART == synthetic || $PART == both ]]; then
+  run synthetic --synthetic-tokens 512 --samples 256
+fi
+tar -czf "$OUT/capture-overhead-logs-$PART.tgz" -C "$WORK" . || true  # logs, bundle, shape
+exit $status

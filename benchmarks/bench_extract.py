@@ -231,6 +231,11 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     return result
 
 
+def auto_or_int(text: str):
+    """An extract setting given on the command line: "auto" or a whole number."""
+    return text if text == "auto" else int(text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", help="HF folder (default: models/toy-llama)")
@@ -253,14 +258,14 @@ def main(argv=None) -> int:
         "--shard-tokens",
         nargs="+",
         default=["auto"],
-        type=lambda x: x if x == "auto" else int(x),
+        type=auto_or_int,
         help="extract.shard_tokens values to run (auto, or tokens; e.g. 16384 auto)",
     )
     ap.add_argument(
         "--writer-threads",
         nargs="+",
         default=["auto"],
-        type=lambda x: x if x == "auto" else int(x),
+        type=auto_or_int,
         help="extract.writer_threads values to run (auto: min(8, cores))",
     )
     ap.add_argument(

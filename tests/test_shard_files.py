@@ -14,6 +14,7 @@ import os
 import numpy as np
 import pytest
 import zarr
+from test_store import commit_killed_before_record
 
 from eyrie.store.shard import ShardWriter
 
@@ -121,23 +122,27 @@ def test_our_shard_files_are_zarrs_bytes(tmp_path, hidden, shard, precision):
     assert got["eyrie"] == got["zarr"]
 
 
+def small_writer(path, encoder: str, threads: int | str = 1) -> ShardWriter:
+    """A hidden-32 writer of 16-token chunks in 64-token shards: many files, many edges."""
+    return ShardWriter(
+        path,
+        hidden_size=32,
+        aux_layer_ids=AUX,
+        provenance=PROV,
+        chunk_tokens=16,
+        shard_tokens=64,
+        writer_threads=threads,
+        shard_encoder=encoder,
+    )
+
+
 def test_same_bytes_on_several_threads_and_small_chunks(tmp_path):
     """Many short commits into 64-token shards of 16-token chunks, on 1 and 3 threads."""
     aux_rows, fin_rows = rows(32, seed=1)
     got = {}
     for encoder, threads in (("zarr", 1), ("eyrie", 1), ("eyrie", 3)):
         path = tmp_path / f"{encoder}-{threads}"
-        w = ShardWriter(
-            path,
-            hidden_size=32,
-            aux_layer_ids=AUX,
-            provenance=PROV,
-            chunk_tokens=16,
-            shard_tokens=64,
-            writer_threads=threads,
-            shard_encoder=encoder,
-        )
-        with w:
+        with small_writer(path, encoder, threads) as w:
             local = np.random.default_rng(5)
             for i in range(60):
                 n = int(local.integers(1, 40))
@@ -156,34 +161,15 @@ def test_resumed_store_gets_zarrs_bytes(tmp_path, monkeypatch):
     got = {}
     for encoder in ("zarr", "eyrie"):
         path = tmp_path / encoder
-
-        def open_writer(encoder=encoder, path=path):
-            return ShardWriter(
-                path,
-                hidden_size=32,
-                aux_layer_ids=AUX,
-                provenance=PROV,
-                chunk_tokens=16,
-                shard_tokens=64,
-                shard_encoder=encoder,
-            )
-
-        w = open_writer()
+        w = small_writer(path, encoder, "auto")
         for i, n in enumerate((20, 30)):
             w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[:n], fin_rows[:n])
         w.commit()  # 50 tokens, inside shard 0
         for i, n in enumerate((25, 40), start=2):  # to 115: into shard 1, never committed
             w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[5 : 5 + n], fin_rows[:n])
-
-        def die(*_a, **_k):
-            raise KeyboardInterrupt("killed before the commit record")
-
-        monkeypatch.setattr(ShardWriter, "_write_commit_record", die)
-        with pytest.raises(KeyboardInterrupt):
-            w.commit()
-        monkeypatch.undo()
-        w.close()
-        w = open_writer()  # resumes at 50 tokens; shard 0 holds data past them on disk
+        commit_killed_before_record(w, monkeypatch)
+        # resumes at 50 tokens; shard 0 holds data past them on disk
+        w = small_writer(path, encoder, "auto")
         assert w.num_tokens == 50
         for i, n in enumerate((9, 3, 70), start=2):
             w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[9 : 9 + n], fin_rows[:n])

@@ -27,6 +27,20 @@ K = len(AUX)
 PROV = {"target": "toy", "weights_sha256": "ab" * 32, "backend": "hf", "versions": {"zarr": "3"}}
 
 
+def commit_killed_before_record(w: ShardWriter, monkeypatch) -> None:
+    """w.commit() with the process 'killed' just before the commit record is replaced: the
+    data files are written, the record is not; the writer is then closed."""
+
+    def die(*_a, **_k):
+        raise KeyboardInterrupt("killed before the commit record")
+
+    monkeypatch.setattr(ShardWriter, "_write_commit_record", die)
+    with pytest.raises(KeyboardInterrupt):
+        w.commit()
+    monkeypatch.undo()
+    w.close()
+
+
 def make_sample(i: int, tokens: int | None = None) -> dict:
     """Deterministic ragged sample i, with float32 hidden states (bf16 rounding is exercised)."""
     rng = np.random.default_rng(1000 + i)
@@ -370,14 +384,7 @@ def test_data_written_past_the_commit_is_discarded(tmp_path, monkeypatch):
     for s in samples[3:5]:
         w.append(**s)
 
-    def die(*_a, **_k):
-        raise KeyboardInterrupt("killed before the commit record")
-
-    monkeypatch.setattr(ShardWriter, "_write_commit_record", die)
-    with pytest.raises(KeyboardInterrupt):
-        w.commit()
-    monkeypatch.undo()
-    w.close()
+    commit_killed_before_record(w, monkeypatch)
     g = zarr.open_group(str(tmp_path / "s"), mode="r")
     assert g["aux_hidden"].shape[0] == 150  # the uncommitted data did reach the disk
     part = ShardReader(tmp_path / "s", require_complete=False)

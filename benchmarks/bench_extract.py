@@ -15,8 +15,14 @@ bits, compression, commits). Both use the same loaded, warmed-up model; runs alt
 median of each is reported, with the machine. On a shared machine, run it when nothing else
 does: the ratio is only as steady as the CPU is free.
 
+`--writer-process false true` runs the job's writer as a thread and as a process of its own
+(extract.writer_process; the process's own time in store_group is printed as "writer process
+busy"). With few commit groups the last group's write, which nothing overlaps, weighs on the
+ratio: 1536 samples make 24 groups.
+
     python benchmarks/bench_extract.py                    # shipped toy-llama, CPU
-    python benchmarks/bench_extract.py --device cuda --samples 512 --width toy realistic
+    python benchmarks/bench_extract.py --device cuda --samples 1536 --width toy realistic \
+        --writer-queue 1 --writer-process false true
 """
 
 from __future__ import annotations
@@ -151,7 +157,8 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     bare_forward(base, batches[:2], pad, target.device)
 
     variants = [
-        (q, st, e, wt)
+        (q, st, e, wt, wp)
+        for wp in args.writer_process
         for wt in args.writer_threads
         for e in args.encoder
         for st in args.shard_tokens
@@ -161,10 +168,10 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     for r in range(args.repeats):
         bare.append(bare_forward(target.model, batches, pad, target.device))
         bare_base.append(bare_forward(base, batches, pad, target.device))
-        for q, st, enc, wt in variants:
+        for q, st, enc, wt, wp in variants:
             extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
-            extract.update(shard_encoder=enc, writer_threads=wt)
-            out_dir = tmp / f"{label}-q{q}-s{st}-{enc}-t{wt}-run{r}"
+            extract.update(shard_encoder=enc, writer_threads=wt, writer_process=wp)
+            out_dir = tmp / f"{label}-{name_of(q, st, enc, wt, wp)}-run{r}"
             out = extract_shard(
                 data_path=data,
                 target_path=target_path,
@@ -183,7 +190,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             )
             stored = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
             shutil.rmtree(out_dir)
-            runs[q, st, enc, wt].append({**out.seconds, "stored": stored})
+            runs[q, st, enc, wt, wp].append({**out.seconds, "stored": stored})
 
     med = statistics.median
     b, bb = med(bare), med(bare_base)
@@ -201,8 +208,9 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     print(f"bare forward (full model):      {b:8.3f} s  {tokens / b:10.0f} tok/s")
     print(f"bare forward (no lm_head):      {bb:8.3f} s  {tokens / bb:10.0f} tok/s")
     result = {"tokens": tokens, "bare": b, "bare_base": bb}
-    for (q, st, enc, wt), rs in runs.items():
+    for (q, st, enc, wt, wp), rs in runs.items():
         how = "inline writes" if q == 0 else f"writer thread, queue {q}"
+        how += f", writer_process {wp}"
         how += f", {enc} shard files, writer_threads {wt}"
         how += f", shard_tokens {st}" + (
             f" (= {shard_tokens_for(st, 256, hidden, 3)})" if st == "auto" else ""
@@ -210,6 +218,8 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         loop = med(s["total"] - s["setup"] for s in rs)
         cap, wr, wait = (med(s[k] for s in rs) for k in ("capture", "write", "wait"))
         stored = rs[0]["stored"]
+        if "writer_process_busy" in rs[0]:
+            how += f" (writer process busy {med(s['writer_process_busy'] for s in rs):.3f} s)"
         print(
             f"extract, {how}: {loop:8.3f} s  {tokens / loop:10.0f} tok/s | capture {cap:.3f} s, "
             f"write+commit {wr:.3f} s, forward thread waiting for the writer {wait:.3f} s | "
@@ -220,10 +230,10 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             f"{'met' if loop / b <= 1.10 else 'NOT met'}); / forward without lm_head "
             f"{loop / bb:.3f}x"
         )
-        result[f"q{q}-s{st}-{enc}-t{wt}"] = loop
-    first = "q{}-s{}-{}-t{}".format(*variants[0])
-    for q, st, enc, wt in variants[1:]:
-        name = f"q{q}-s{st}-{enc}-t{wt}"
+        result[name_of(q, st, enc, wt, wp)] = loop
+    first = name_of(*variants[0])
+    for variant in variants[1:]:
+        name = name_of(*variant)
         print(f"  {name} vs {first}: {result[name] / result[first]:.3f}x time")
     del target
     if torch.cuda.is_available():
@@ -231,21 +241,38 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     return result
 
 
+def name_of(q, st, enc, wt, wp) -> str:
+    return f"q{q}-s{st}-{enc}-t{wt}-p{wp}"
+
+
+def auto_or_bool(text: str):
+    """extract.writer_process on the command line: auto, true or false."""
+    if text not in ("auto", "true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use auto, true or false")
+    return text if text == "auto" else text == "true"
+
+
 def auto_or_int(text: str):
     """An extract setting given on the command line: "auto" or a whole number."""
     return text if text == "auto" else int(text)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_args(description: str, samples: int) -> argparse.ArgumentParser:
+    """The options every extraction benchmark shares: target, data, batches, device, repeats."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--target", help="HF folder (default: models/toy-llama)")
     ap.add_argument("--data", help="split JSONL (default: data/chat/train.jsonl)")
-    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--samples", type=int, default=samples)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=512)
-    ap.add_argument("--commit-every", type=int, default=64)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--repeats", type=int, default=3)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = workload_args(__doc__.splitlines()[0], samples=128)
+    ap.add_argument("--commit-every", type=int, default=64)
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     ap.add_argument(
         "--writer-queue",
@@ -267,6 +294,14 @@ def main(argv=None) -> int:
         default=["auto"],
         type=auto_or_int,
         help="extract.writer_threads values to run (auto: min(8, cores))",
+    )
+    ap.add_argument(
+        "--writer-process",
+        nargs="+",
+        default=["auto"],
+        type=auto_or_bool,
+        help="extract.writer_process values to run (auto: a process on CUDA; true; false: "
+        "the writer thread in this process)",
     )
     ap.add_argument(
         "--encoder",

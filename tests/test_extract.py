@@ -41,7 +41,7 @@ def setup(tmp_path_factory):
     return root, target, data
 
 
-def run(setup, out: Path, shard=0, **kw):
+def run(setup, out: Path, shard=0, capture=CAPTURE, extract=EXTRACT, **kw):
     root, target, data = setup
     kw.setdefault("max_tokens", MAX_TOKENS)
     return extract_shard(
@@ -51,8 +51,8 @@ def run(setup, out: Path, shard=0, **kw):
         shard=shard,
         out_store=out / f"shard-{shard:03d}.zarr",
         errors_csv=out / f"shard-{shard:03d}.errors.csv",
-        capture=CAPTURE,
-        extract=EXTRACT,
+        capture=capture,
+        extract=extract,
         commit_every=3,
         progress=False,
         **kw,
@@ -179,8 +179,8 @@ def test_non_finite_states_are_listed_not_stored(setup, uninterrupted, tmp_path,
 
     real, poison = HFCapture.capture_pending, iter([float("inf"), float("-inf"), float("nan")])
 
-    def poisoned(self, sequences):
-        pending = real(self, sequences)
+    def poisoned(self, sequences, host=None):
+        pending = real(self, sequences, host)
         aux, final = pending.result()[-1]  # the batch's last sample
         value = next(poison, None)
         if value is not None:
@@ -206,7 +206,7 @@ def test_changed_setup_restarts_the_scratch_store(setup, tmp_path):
     assert_same_store(tmp_path / "a" / "shard-000.zarr", tmp_path / "b" / "shard-000.zarr")
 
 
-DRIVER = textwrap.dedent(
+DRIVER_TEXT = textwrap.dedent(
     """
     import sys, time
     import eyrie.extract.hf as cap
@@ -215,9 +215,9 @@ DRIVER = textwrap.dedent(
     slow = float(sys.argv[2])
     if slow:
         orig = cap.HFCapture.capture_pending  # the extract loop's (and capture()'s) entry
-        def capture_pending(self, seqs):
+        def capture_pending(self, seqs, host=None):
             time.sleep(slow)
-            return orig(self, seqs)
+            return orig(self, seqs, host)
         cap.HFCapture.capture_pending = capture_pending
     out = sys.argv[1]
     extract_shard(data_path=sys.argv[3], target_path=sys.argv[4], split="train", shard=0,
@@ -225,49 +225,72 @@ DRIVER = textwrap.dedent(
                   capture={CAPTURE!r}, extract={EXTRACT!r}, max_tokens={MAX_TOKENS},
                   commit_every=int(sys.argv[5]) if len(sys.argv) > 5 else 3, progress=False)
     """
-).format(CAPTURE=CAPTURE, EXTRACT=EXTRACT, MAX_TOKENS=MAX_TOKENS)
+)
+
+
+def driver(extract: dict = EXTRACT) -> str:
+    """A script extracting shard 0 (argv: out, capture delay, data, target[, commit_every])."""
+    return DRIVER_TEXT.format(CAPTURE=CAPTURE, EXTRACT=extract, MAX_TOKENS=MAX_TOKENS)
+
+
+DRIVER = driver()
 
 
 # SIGKILLs that must land while extraction is running; EYRIE_FULL_TESTS=1 for the full count.
 KILLS = 10 if os.environ.get("EYRIE_FULL_TESTS") == "1" else 2
 
 
-def test_sigkill_at_random_points_then_resume_is_bit_exact(setup, tmp_path):
-    """Real SIGKILLs at random points of the work, each followed by a resume; the end result
-    equals an uninterrupted run bit for bit. Every run is a fresh process, same thread count."""
+def kill_and_resume(setup, tmp_path, driver_text, *, kills, seed, wait, ready=None, killed=None):
+    """Run `driver_text` (DRIVER's arguments) in fresh processes, SIGKILL each at a random point
+    `wait` seconds after its scratch store appears, until `kills` kills landed; then finish it
+    and a clean run. `ready(proc)` may refuse a kill (False) or prepare it; `killed(proc)` runs
+    after each. Returns the resumed and the clean output folders."""
     root, target, data = setup
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
+    driver.write_text(driver_text)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
 
     def start(out: Path, slow: float) -> subprocess.Popen:
         cmd = [sys.executable, str(driver), str(out), str(slow), str(data), str(target)]
         return subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
 
-    rng = random.Random(1234)
-    killed = tmp_path / "killed"
-    work_store = work_paths(killed / "shard-000.zarr", killed / "x")[0]
+    rng = random.Random(seed)
+    resumed = tmp_path / "killed"
+    work_store = work_paths(resumed / "shard-000.zarr", resumed / "x")[0]
     landed = 0
-    for _ in range(4 * KILLS):
-        if landed == KILLS:
+    for _ in range(4 * kills):
+        if landed == kills:
             break
-        if (killed / "shard-000.zarr").exists():  # a run finished before its kill: start over
-            shutil.rmtree(killed)
-        proc = start(killed, 0.3)
+        if (resumed / "shard-000.zarr").exists():  # a run finished before its kill: start over
+            shutil.rmtree(resumed)
+        proc = start(resumed, 0.3)
         deadline = time.monotonic() + 120
         while proc.poll() is None and not work_store.exists() and time.monotonic() < deadline:
             time.sleep(0.01)  # the store appears once imports and model loading are done
-        time.sleep(rng.uniform(0.0, 2.0))
-        if proc.poll() is None:
+        time.sleep(rng.uniform(*wait))
+        if proc.poll() is None and (ready is None or ready(proc) is not False):
             os.kill(proc.pid, signal.SIGKILL)
             landed += 1
+            proc.wait()
+            if killed is not None:
+                killed(proc)
         proc.wait()
-    assert landed == KILLS
-    for out in (killed, tmp_path / "clean"):
+    assert landed == kills
+    clean = tmp_path / "clean"
+    for out in (resumed, clean):
         assert start(out, 0).wait() == 0
-    assert_same_store(killed / "shard-000.zarr", tmp_path / "clean" / "shard-000.zarr")
-    assert errors_rows(killed / "shard-000.errors.csv") == errors_rows(
-        tmp_path / "clean" / "shard-000.errors.csv"
+    return resumed, clean
+
+
+def test_sigkill_at_random_points_then_resume_is_bit_exact(setup, tmp_path):
+    """Real SIGKILLs at random points of the work, each followed by a resume; the end result
+    equals an uninterrupted run bit for bit. Every run is a fresh process, same thread count."""
+    resumed, clean = kill_and_resume(
+        setup, tmp_path, DRIVER, kills=KILLS, seed=1234, wait=(0.0, 2.0)
+    )
+    assert_same_store(resumed / "shard-000.zarr", clean / "shard-000.zarr")
+    assert errors_rows(resumed / "shard-000.errors.csv") == errors_rows(
+        clean / "shard-000.errors.csv"
     )
 
 

@@ -126,7 +126,7 @@ def batches(group: list[Good], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def open_writer(path: Path, provenance: dict, *, lock: StoreLock, **kwargs) -> ShardWriter:
+def open_writer(path: Path, *, provenance: dict, lock: StoreLock, **kwargs) -> ShardWriter:
     """Resume a scratch store, or start it again when it was begun with another setup.
 
     `lock` must be held for `path`: a store another process writes is never looked at here.

@@ -34,16 +34,16 @@ from eyrie.extract.split import (
     tokenize,
 )
 from eyrie.extract.table import ERROR_COLUMNS, count_reasons, read_errors, write_errors
+from eyrie.extract.write_process import WriterProcess, store_group, use_writer_process
 from eyrie.store.background import start_writer
 from eyrie.store.codecs import shard_tokens_for
-from eyrie.store.format import all_finite_bits, bf16_bits
 from eyrie.store.lock import StoreLock
 from eyrie.store.writer import SHARD_ENCODER
 
 log = logging.getLogger("eyrie.extract.shard")
 # extract settings that change only speed: left out of a store's provenance (shard_encoder is
 # not in the config schema: benchmarks/bench_extract.py sets it to compare the two writers)
-WRITER_KNOBS = ("writer_threads", "shard_encoder")
+WRITER_KNOBS = ("writer_threads", "writer_process", "shard_encoder")
 
 __all__ = [
     "ERROR_COLUMNS",
@@ -125,51 +125,60 @@ def extract_shard(
     members = shard_members(read_split(data_path), shard, shards)
     aux_ids = resolve_aux_layer_ids(capture.get("aux_layer_ids"), num_hidden_layers(target_path))
     ready = cap.prepare(target_path, aux_ids)
-    good, errors = tokenize(ready.tokenizer, members, max_tokens)
-    sources = {r.line: r.source for r in members}
-    settings = {
-        "capture": {**capture, "aux_layer_ids": aux_ids},
-        # how fast the writer goes is no part of what the store holds (nor a reason to restart)
-        "extract": {k: v for k, v in extract.items() if k not in WRITER_KNOBS},
-        "max_tokens": int(max_tokens),
-        "commit_every": commit_every,
-        "architecture": ready.architecture,
-        **ready.settings,
-    }
-    provenance = provenance_for(
-        target_path,
-        backend=cap.backend,
-        split=split,
-        shard=shard,
-        shards=shards,
-        data_path=data_path,
-        settings=settings,
-        device=ready.device,
-        dtype=ready.dtype,
-        weights_cache=weights_cache,
-    )
-    if ready.dtype_label is not None:
-        provenance["dtype"] = ready.dtype_label
-    hidden = ready.hidden_size
-    chunk_tokens = int(extract.get("chunk_tokens", 256))
-    # Locked before the scratch store is looked at; held until the store is in place.
-    lock = StoreLock(work_store).acquire()
+    child = None  # the writer process, started now: it imports while the job tokenizes
+    if cap.writer_queue > 0 and use_writer_process(
+        extract.get("writer_process", "auto"), ready.device.type, cap.backend
+    ):
+        child = WriterProcess()
+    try:
+        good, errors = tokenize(ready.tokenizer, members, max_tokens)
+        sources = {r.line: r.source for r in members}
+        settings = {
+            "capture": {**capture, "aux_layer_ids": aux_ids},
+            # how fast the writer goes is no part of what the store holds (nor a reason to restart)
+            "extract": {k: v for k, v in extract.items() if k not in WRITER_KNOBS},
+            "max_tokens": int(max_tokens),
+            "commit_every": commit_every,
+            "architecture": ready.architecture,
+            **ready.settings,
+        }
+        provenance = provenance_for(
+            target_path,
+            backend=cap.backend,
+            split=split,
+            shard=shard,
+            shards=shards,
+            data_path=data_path,
+            settings=settings,
+            device=ready.device,
+            dtype=ready.dtype,
+            weights_cache=weights_cache,
+        )
+        if ready.dtype_label is not None:
+            provenance["dtype"] = ready.dtype_label
+        hidden = ready.hidden_size
+        chunk_tokens = int(extract.get("chunk_tokens", 256))
+        # Locked before the scratch store is looked at; held until the store is in place.
+        lock = StoreLock(work_store).acquire()
+    except BaseException:
+        if child is not None:
+            child.close()
+        raise
     writer = None
     try:
-        writer = open_writer(
-            work_store,
-            provenance,
-            lock=lock,
-            hidden_size=hidden,
-            aux_layer_ids=aux_ids,
-            chunk_tokens=chunk_tokens,
-            shard_tokens=shard_tokens_for(
+        writer_kwargs = {
+            "hidden_size": hidden,
+            "aux_layer_ids": aux_ids,
+            "provenance": provenance,
+            "chunk_tokens": chunk_tokens,
+            "shard_tokens": shard_tokens_for(
                 extract.get("shard_tokens", "auto"), chunk_tokens, hidden, len(aux_ids)
             ),
-            precision=str(extract.get("precision", "lossless")),
-            writer_threads=extract.get("writer_threads", "auto"),
-            shard_encoder=extract.get("shard_encoder", SHARD_ENCODER),
-        )
+            "precision": str(extract.get("precision", "lossless")),
+            "writer_threads": extract.get("writer_threads", "auto"),
+            "shard_encoder": extract.get("shard_encoder", SHARD_ENCODER),
+        }
+        writer = open_writer(work_store, lock=lock, **writer_kwargs)
         try:
             groups, bar = resume_plan(
                 writer,
@@ -183,26 +192,45 @@ def extract_shard(
                 progress=progress,
             )
             t0, commits, done = time.monotonic(), 0, {"tokens": 0}
+            table = {"written": None}  # the errors as the table on disk holds them
+            if child is not None and groups:  # it opens the store, under this job's lock
+                committed, writer = writer, None
+                committed.close()
+                child.open(
+                    work_store,
+                    lock,
+                    writer_kwargs,
+                    committed=committed,
+                    groups=groups,
+                    batch_size=batch_size,
+                    slabs=cap.writer_queue + 2,
+                    cuda=ready.device.type == "cuda",
+                )
+                writer = child
 
-            def write_group(group, resolve: Resolve):  # on the writer thread (store/background)
+            def write_group(group, resolve: Resolve, slab=None):  # on the writer thread
                 tick = time.perf_counter()
+                rows = []
                 for g, res in zip(group, resolve(), strict=True):
                     if isinstance(res[0], str):  # ("error", reason, detail)
                         errors[g.line] = (g.sample_id, res[1], res[2])
                         continue
-                    # the bf16 patterns that are stored, checked as stored: all_finite_bits is
-                    # ~30x cheaper than torch.isfinite on bf16, and it also catches a wider
-                    # float whose rounding to bf16 overflows
-                    aux, final = (bf16_bits(x) for x in res)
-                    if not (all_finite_bits(aux) and all_finite_bits(final)):
-                        errors[g.line] = (g.sample_id, "non_finite", "the target gave NaN or Inf")
-                        continue
-                    errors.pop(g.line, None)
-                    # the captured buffers are never reused: handed over, not copied again
-                    writer.append(g.sample_id, g.input_ids, g.loss_mask, aux, final, copy=False)
-                    done["tokens"] += len(g.input_ids)
-                writer.commit()
-                write_errors(work_errors, errors, sources)
+                    rows.append((g.line, g.sample_id, g.input_ids, g.loss_mask, *res))
+                if slab is None:
+                    report = store_group(writer, rows)
+                else:
+                    report = writer.store(rows, slab)
+                sample_ids = {g.line: g.sample_id for g in group}
+                for line in report["non_finite"]:
+                    errors[line] = (sample_ids[line], "non_finite", "the target gave NaN or Inf")
+                for line in report["stored"]:
+                    errors.pop(line, None)
+                done["tokens"] += report["tokens"]
+                if errors != table["written"] or not work_errors.exists():
+                    # rewritten only when it changed: a table (pandas, temp, fsync, rename)
+                    # after every commit held the GIL the forward pass launches kernels with
+                    write_errors(work_errors, errors, sources)
+                    table["written"] = dict(errors)
                 seconds["write"] += time.perf_counter() - tick
 
             seconds["setup"] = time.perf_counter() - start
@@ -213,9 +241,13 @@ def extract_shard(
                 seconds["setup"] = time.perf_counter() - start  # a server may have started
                 for group in groups:
                     tick = time.perf_counter()
-                    resolve = submit(group)
+                    if isinstance(writer, WriterProcess):  # captured into shared memory
+                        slab = writer.slab_for(group, batch_size)
+                        resolve = submit(group, slab.tensor)
+                    else:
+                        slab, resolve = None, submit(group)
                     seconds["capture"] += time.perf_counter() - tick
-                    bg.submit(write_group, group, resolve)  # commits in order
+                    bg.submit(write_group, group, resolve, slab)  # commits in order
                     commits += 1
                     bar.update(len(group))
                     rate = done["tokens"] / max(time.monotonic() - t0, 1e-9)
@@ -225,11 +257,14 @@ def extract_shard(
                         raise Interrupted(f"stopped after {commits} commits (as asked)")
             if "wait" in seconds:
                 seconds["wait"] = bg.waited_s
+            if writer is child:
+                seconds["writer_process_busy"] = child.busy_s
             bar.close()
             writer.finish()
             outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
         place_store(work_store, work_errors, out_store, errors_csv, errors, sources)
     except OSError as exc:
         if not is_disk_full(exc):
@@ -238,6 +273,8 @@ def extract_shard(
             for_extract(work_store, out_store, writer, good, aux_ids, hidden)
         ) from exc
     finally:
+        if child is not None and writer is not child:  # never opened (nothing left to do)
+            child.close()
         lock.release()
     with contextlib.suppress(OSError):
         work_store.parent.rmdir()  # only when empty

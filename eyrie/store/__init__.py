@@ -1,1 +1,1 @@
-"""The shard store: one Zarr store per shard, its codecs, lock, writer thread, comparison."""
+"""The shard store: one Zarr store per shard, its codecs, lock, writers (a thread or a process)."""

@@ -16,16 +16,27 @@ import hashlib
 import json
 import os
 import re
+import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 import zarr
 
 from eyrie.common.errors import EyrieError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def is_tensor(x) -> bool:
+    """Whether x is a torch tensor, without importing torch: a process that never imported it
+    (the writer process, eyrie/store/remote_writer.py) holds none, and starts faster."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
 
 STORE_VERSION = 1
 COMMIT_RECORD = "commit.json"
@@ -49,8 +60,10 @@ def bf16_bits(t: torch.Tensor) -> np.ndarray:
 
     The result shares memory with ``t`` when ``t`` is already a contiguous CPU bf16 tensor.
     """
-    if not isinstance(t, torch.Tensor):
+    if not is_tensor(t):
         raise TypeError(f"bf16_bits takes a torch.Tensor, got {type(t).__name__}")
+    import torch
+
     if t.dtype != torch.bfloat16:
         if not t.is_floating_point():
             raise TypeError(f"bf16_bits takes a floating-point tensor, got {t.dtype}")
@@ -82,12 +95,14 @@ def from_bf16_bits(a: np.ndarray) -> torch.Tensor:
         raise TypeError(f"from_bf16_bits takes a uint16 array, got {a.dtype}")
     if not (a.flags.c_contiguous and a.flags.writeable):
         a = np.ascontiguousarray(a).copy()
+    import torch
+
     return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
 
 
 def int_vector(x, name: str, who: str, allow_bool: bool = False) -> np.ndarray:
     """A sample's 1-D integer (or bool) field as an ndarray; StoreError naming it otherwise."""
-    if isinstance(x, torch.Tensor):
+    if is_tensor(x):
         x = x.detach().cpu().numpy()
     a = np.asarray(x)
     ok = np.issubdtype(a.dtype, np.integer) or (allow_bool and a.dtype == np.bool_)
@@ -102,10 +117,12 @@ def input_bits(x, name: str, shape: tuple, who: str) -> tuple[np.ndarray, bool]:
     """uint16 bf16 bit patterns (floats rounded to bf16), and whether they are a new array."""
     if isinstance(x, np.ndarray) and x.dtype == np.uint16:
         bits, fresh = x, False
-    elif isinstance(x, torch.Tensor) and x.is_floating_point():
+    elif is_tensor(x) and x.is_floating_point():
         bits = bf16_bits(x)
         fresh = not _shares_memory(bits, x)
     elif isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating):
+        import torch
+
         bits, fresh = bf16_bits(torch.from_numpy(np.ascontiguousarray(x))), True
     else:
         dtype = getattr(x, "dtype", type(x).__name__)

@@ -73,6 +73,12 @@ class StoreLock:
         self._fd = fd
         return self
 
+    def fileno(self) -> int:
+        """The locked file's descriptor: a child process given it holds the lock too."""
+        if self._fd is None:
+            raise StoreError(f"{self.store}: the lock is not held")
+        return self._fd
+
     def holder(self) -> str:
         try:
             text = self.path.read_text(encoding="utf-8", errors="replace").strip()
@@ -96,5 +102,32 @@ class StoreLock:
 
     def __del__(self):
         if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class InheritedLock(StoreLock):
+    """The lock of a parent process, passed down as its descriptor (the writer process).
+
+    flock belongs to the open file, which parent and child now share: the lock holds until
+    both have ended, so no other writer can open the store while the child still writes.
+    Released here only by closing this process's descriptor; the file stays for the parent.
+    """
+
+    def __init__(self, store: str | Path, fd: int):
+        super().__init__(store)
+        if fcntl is not None:
+            try:  # the shared open file holds it already, so this succeeds at once if it does
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                msg = f"{self.store}: the lock handed down is not held ({exc})"
+                raise StoreError(msg) from None
+        self._fd = fd
+
+    def acquire(self) -> InheritedLock:
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -1,0 +1,123 @@
+"""The capture loop alone against a bare forward of the same batches: what capturing costs.
+
+No store and no writer: `HFCapture.capture_pending` on every batch extraction would run (same
+samples, same padding, same order), its states landing either in torch's pinned memory (the
+writer thread's path) or in one shared slab registered with CUDA (the writer process's path,
+eyrie/store/slabs.py; its registration is inside the timed loop). At most 8 batches stay
+pending, as in a commit group. The baseline is the decoder without lm_head (extraction never
+computes it). Repeats alternate; each line prints the three times and the two ratios.
+
+    python benchmarks/bench_capture.py                          # toy-llama, CPU
+    python benchmarks/bench_capture.py --device cuda --samples 1536
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bench_extract import (  # noqa: E402
+    bare_forward,
+    machine,
+    split_file,
+    target_dir,
+    workload_args,
+)
+
+from eyrie.extract.hf import HFCapture  # noqa: E402
+from eyrie.extract.job import batches as batched  # noqa: E402
+from eyrie.extract.job import groups_to_do  # noqa: E402
+from eyrie.extract.split import (  # noqa: E402
+    read_split,
+    resolve_aux_layer_ids,  # noqa: E402
+    tokenize,
+)
+from eyrie.store.slabs import Slab, aligned  # noqa: E402
+from eyrie.target.load import load_target, resolve_device  # noqa: E402
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def capture_loop(target, batches, aux_ids, host: str) -> float:
+    cap = HFCapture(target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id or 0)
+    slab = None
+    if host == "slab":  # room for 8 batches' states (aux and final, bf16, padded)
+        per_token = 2 * target_hidden(target)
+        need = [
+            aligned(len(b) * max(map(len, b)) * per_token * len(aux_ids))
+            + aligned(len(b) * max(map(len, b)) * per_token)
+            for b in batches
+        ]
+        slab = Slab(max(sum(need[i : i + 8]) for i in range(0, len(need), 8)))
+    sync()
+    start = time.perf_counter()
+    if slab is not None and target.device.type == "cuda":
+        slab.register_cuda()
+    pending = []
+    for i, batch in enumerate(batches):
+        if slab is not None and i % 8 == 0:
+            for p in pending:  # the slab is reused: what it holds must have landed
+                p.result()
+            pending = []
+            slab.reset()
+        pending.append(cap.capture_pending(batch, slab.tensor if slab is not None else None))
+        if len(pending) > 8:
+            pending.pop(0).result()
+    for p in pending:
+        p.result()
+    sync()
+    elapsed = time.perf_counter() - start
+    cap.close()
+    if slab is not None:
+        slab.close()
+    return elapsed
+
+
+def target_hidden(target) -> int:
+    return int(target.model.config.get_text_config().hidden_size)
+
+
+def main(argv=None) -> int:
+    args = workload_args(__doc__.splitlines()[0], samples=256).parse_args(argv)
+    print(f"machine:  {machine(resolve_device(args.device).type)}")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        target = load_target(target_dir(args.target, tmp), device=args.device)
+        split = read_split(split_file(args.data, args.samples, tmp))
+        good, _ = tokenize(target.tokenizer, split, args.max_tokens)
+        groups = groups_to_do(good, 64, set(), set())
+        batches = [[g[i].input_ids for i in b] for g in groups for b in batched(g, args.batch_size)]
+        layers = target.model.config.get_text_config().num_hidden_layers
+        aux_ids = resolve_aux_layer_ids(None, layers)  # extraction's default
+        base = target.model.get_decoder()
+        pad = target.tokenizer.pad_token_id or 0
+        bare_forward(base, batches[:4], pad, target.device)  # warm-up
+        capture_loop(target, batches[:16], aux_ids, "pinned")
+        tokens = sum(len(g.input_ids) for g in good)
+        print(f"{len(batches)} batches, {tokens} tokens, aux layers {aux_ids}")
+        for r in range(args.repeats):
+            bare = bare_forward(base, batches, pad, target.device)
+            pinned = capture_loop(target, batches, aux_ids, "pinned")
+            slab = capture_loop(target, batches, aux_ids, "slab")
+            print(
+                f"repeat {r}: bare forward (no lm_head) {bare:.3f} s | capture, pinned "
+                f"{pinned:.3f} s ({pinned / bare:.3f}x) | capture, shared slab {slab:.3f} s "
+                f"({slab / bare:.3f}x)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""The extract job's shard writer in a process of its own (``extract.writer_process``).
+
+Why: compression, checksums and the shard files' encoding run Python between their GIL-free
+calls, and a forward pass on a GPU launches its kernels from Python too; on one interpreter
+every writer thread slowed the forward (benchmarks/RESULTS.md, "Where the rest goes"). Here the
+writer runs in a child process and the forward's process only captures.
+
+How the guarantees carry over:
+
+- Data: each commit group is captured straight into a shared slab (eyrie/store/slabs.py); the
+  child maps it and appends views of it, so states are neither pickled nor copied on the way.
+- Order and commits: the child runs `store_group`, the very step the writer thread runs (the
+  finite check, append, commit), one group at a time in submission order; the job's thread
+  (eyrie/store/background.py) sends a group and waits for its commit before the next.
+- The lock: the child is given the job's locked file descriptor (eyrie.store.lock
+  .InheritedLock); flock belongs to the shared open file, so no other writer gets in while
+  either process lives.
+- Kills: the child asks the kernel to SIGKILL it when its parent dies (PR_SET_PDEATHSIG), so a
+  killed job never leaves a writer behind: the store is at its last commit, as in-process.
+- Errors: the child's exception comes back as the same class (EyrieError subclasses, OSError
+  with its errno, so a full disk is still recognised), its traceback in the job's log. A child
+  that dies is an error naming the store, its exit status and the rerun that resumes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+
+from eyrie.extract.job import batches
+from eyrie.extract.split import ExtractError
+from eyrie.store.remote_writer import store_group
+from eyrie.store.slabs import Slab, aligned, supported
+
+log = logging.getLogger("eyrie.extract.write_process")
+__all__ = ["WriterProcess", "WriterProcessError", "store_group", "use_writer_process"]
+# Slabs of finished writer processes, kept for the next one in this process (registering
+# memory with CUDA costs about as much as torch's pinned allocations, which torch caches too):
+# a job that extracts several shards, or a benchmark, pays it once.
+_SPARE: list[Slab] = []
+SPARE_MAX = 8
+
+
+class WriterProcessError(ExtractError):
+    """The writer process ended without saying why (killed, or out of memory)."""
+
+
+def use_writer_process(setting, device_type: str, backend: str) -> bool:
+    """extract.writer_process: auto is a process for a CUDA target on Linux, else a thread."""
+    if setting in (None, "auto"):
+        return backend == "hf" and device_type == "cuda" and supported()
+    if setting is True and backend != "hf":
+        raise ExtractError(
+            f"extract.writer_process: true needs capture.backend hf (this is {backend!r}, which "
+            "writes dumps as they arrive); set it to auto or false"
+        )
+    if setting is True and not supported():
+        raise ExtractError(
+            "extract.writer_process: true needs Linux (memfd_create); set it to auto or false"
+        )
+    return bool(setting)
+
+
+# ---------------------------------------------------------------------------------------------
+# the job's side
+
+
+class WriterProcess:
+    """A ShardWriter in a child process, under the job's lock; `store` sends it one group.
+
+    Started early (it imports while the job tokenizes and hashes), then `open`ed on the
+    scratch store once the job has resumed it; `path` is None until then.
+    """
+
+    def __init__(self):
+        self.path: Path | None = None
+        self.busy_s = 0.0  # the child's time in store_group
+        self._slabs: list[Slab] = []
+        self._free: list[Slab] = []
+        self._cond = threading.Condition()
+        self._failed: BaseException | None = None
+        self._dropped: list[int] = []  # slabs replaced here, still mapped by the child
+        self._opening = False
+        msg_here, msg_there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._fds_here, fds_there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        there = [msg_there.fileno(), fds_there.fileno()]
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *sys.path[1:]])}
+        args = [sys.executable, "-m", "eyrie.store.remote_writer", str(os.getpid()), *there]
+        # started from the job's main thread: PR_SET_PDEATHSIG follows the thread that forked
+        self._proc = subprocess.Popen(list(map(str, args)), pass_fds=there, env=env)
+        msg_there.close()
+        fds_there.close()
+        self._conn = Connection(msg_here.detach())
+
+    def open(self, store, lock, writer_kwargs: dict, *, committed, groups, batch_size, slabs, cuda):
+        """Open `store` in the child, under `lock` (held here); `committed` is the job's
+        closed ShardWriter of it, `groups` what is left to capture (they size the slabs)."""
+        self.path = Path(store)
+        self.aux_count = len(writer_kwargs["aux_layer_ids"])
+        self.hidden = int(writer_kwargs["hidden_size"])
+        self.committed_ids = list(committed.committed_ids)
+        self.num_samples, self.num_tokens = committed.num_samples, committed.num_tokens
+        self._cuda, self._max_slabs = cuda, max(2, int(slabs))
+        self._slab_bytes = max(self.need(g, batch_size) for g in groups)
+        socket.send_fds(self._fds_here, [b"lock"], [lock.fileno()])
+        # the child's answer is read before the first group's (one stream, in order)
+        self._opening = True
+        self._send({"op": "open", "store": str(self.path), "kwargs": writer_kwargs})
+
+    def _send(self, message: dict) -> None:
+        try:
+            self._conn.send_bytes(json.dumps(message).encode())
+        except OSError as exc:
+            raise self._died() from exc
+
+    def _receive(self) -> dict:
+        try:
+            reply = json.loads(self._conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            raise self._died() from exc
+        if reply.get("op") == "failed":
+            raise rebuilt(reply["error"], self.path)
+        return reply
+
+    def _call(self, message: dict) -> dict:
+        self._send(message)
+        if self._opening:
+            self._opening = False
+            opened = self._receive()
+            if (opened["num_samples"], opened["num_tokens"]) != (
+                self.num_samples,
+                self.num_tokens,
+            ):
+                raise ExtractError(f"{self.path}: the writer process found another commit")
+        return self._receive()
+
+    def _died(self) -> WriterProcessError:
+        try:
+            code = self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        how = f"was killed by signal {-code}" if code and code < 0 else f"exited with {code}"
+        where = self.path or "this job"
+        return WriterProcessError(
+            f"the writer process of {where} {how} before answering; the store is at its "
+            "last commit and a rerun resumes it (its messages, if any, are above in this log; "
+            "extract.writer_process: false writes in the job's own process)"
+        )
+
+    # -- slabs --------------------------------------------------------------------------------
+
+    def need(self, group, batch_size: int) -> int:
+        """Slab bytes for `group` captured in its batches (eyrie.extract.hf pads each batch)."""
+        k, h = self.aux_count, self.hidden
+        need = 0
+        for batch in batches(group, batch_size):
+            t = max(len(group[i].input_ids) for i in batch)
+            need += aligned(len(batch) * t * k * h * 2) + aligned(len(batch) * t * h * 2)
+        return need + sum(aligned(len(g.input_ids) * 4) + aligned(len(g.input_ids)) for g in group)
+
+    def slab_for(self, group, batch_size: int) -> Slab:
+        """A free slab large enough for `group` (waits while every slab is in use).
+
+        Slabs are sized for the job's largest group, so the few there are are made (and
+        registered with CUDA) once; one too small is replaced only if a group is larger.
+        """
+        need = self.need(group, batch_size)
+        with self._cond:
+            while True:
+                if self._failed is not None:
+                    raise self._failed
+                fits = [s for s in self._free if s.nbytes >= need]
+                if fits or self._free or len(self._slabs) < self._max_slabs:
+                    break
+                self._cond.wait(timeout=0.5)
+            if fits:
+                slab = fits[0]
+                self._free.remove(slab)
+            else:
+                if self._free and len(self._slabs) >= self._max_slabs:  # too small: replace
+                    old = self._free.pop()
+                    self._slabs.remove(old)
+                    self._dropped.append(old.id)  # the child lets go with the next group
+                    old.close()
+                size = max(need, self._slab_bytes)
+                self._slab_bytes = size
+                slab = spare_slab(size, self._cuda)
+                if slab is None:
+                    slab = Slab(size)
+                    if self._cuda:
+                        slab.register_cuda()
+                self._slabs.append(slab)
+        slab.reset()
+        return slab
+
+    def _release(self, slab: Slab) -> None:
+        with self._cond:
+            self._free.append(slab)
+            self._cond.notify_all()
+
+    # -- the writer's work --------------------------------------------------------------------
+
+    def store(self, rows, slab: Slab) -> dict:
+        """store_group in the child: rows as in store_group, states living in `slab`."""
+        try:
+            items = [
+                {
+                    "line": int(line),
+                    "id": sample_id,
+                    "ids": slab.put(np.asarray(ids, dtype=np.int32)),
+                    "mask": slab.put(np.asarray(mask, dtype=np.uint8)),
+                    "aux": slab.place_of(aux),
+                    "final": slab.place_of(final),
+                    "finite": bool(known[0]) if known else None,
+                }
+                for line, sample_id, ids, mask, aux, final, *known in rows
+            ]
+            message = {"op": "group", "slab": slab.id, "items": items}
+            # every message goes from this thread, one at a time: a new slab's descriptor
+            # and the slabs to let go of travel with the group that first needs it
+            with self._cond:
+                message["drop"], self._dropped = self._dropped, []
+            if not slab.announced:
+                socket.send_fds(self._fds_here, [b"slab"], [slab.fd])
+                message["new"] = slab.nbytes
+                slab.announced = True
+            report = self._call(message)
+        except BaseException as exc:
+            with self._cond:
+                self._failed = exc
+                self._cond.notify_all()
+            raise
+        self._release(slab)
+        self.busy_s += report["busy_s"]
+        self.committed_ids += report["stored_ids"]
+        self.num_samples, self.num_tokens = report["num_samples"], report["num_tokens"]
+        return report
+
+    def finish(self) -> None:
+        reply = self._call({"op": "finish"})
+        self.num_samples, self.num_tokens = reply["num_samples"], reply["num_tokens"]
+
+    def close(self) -> None:
+        """Stop the child (it closes its writer without committing anything more)."""
+        if self._proc.poll() is None:
+            try:
+                self._conn.send_bytes(json.dumps({"op": "close"}).encode())
+                self._proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+        self._conn.close()
+        self._fds_here.close()
+        for slab in self._slabs:  # the child is gone: kept for the next writer process
+            slab.announced = False
+            _SPARE.append(slab)
+        self._slabs, self._free = [], []
+        while len(_SPARE) > SPARE_MAX:
+            _SPARE.pop(0).close()
+
+
+def spare_slab(need: int, cuda: bool) -> Slab | None:
+    """The smallest kept slab holding `need` bytes (registered with CUDA when asked)."""
+    fits = [s for s in _SPARE if s.nbytes >= need and s.registered == cuda]
+    if not fits:
+        return None
+    slab = min(fits, key=lambda s: s.nbytes)
+    _SPARE.remove(slab)
+    return slab
+
+
+def rebuilt(error: dict, store: Path) -> BaseException:
+    """The child's exception as the same class where that is one of ours or an OSError."""
+    from eyrie.common.errors import EyrieError
+
+    log.error("the writer process of %s failed:\n%s", store, error.get("traceback", ""))
+    if error.get("errno") is not None:
+        return OSError(error["errno"], error["strerror"], error["filename"])
+    cls = None
+    if str(error.get("module", "")).startswith("eyrie."):
+        cls = getattr(importlib.import_module(error["module"]), error["type"], None)
+    if isinstance(cls, type) and issubclass(cls, EyrieError):
+        try:
+            return cls(error["message"])
+        except TypeError:
+            pass
+    return ExtractError(
+        f"the writer process of {store} failed: {error['type']}: {error['message']}"
+    )

@@ -1,0 +1,273 @@
+"""The extract job's writer in a process of its own (eyrie/extract/write_process.py).
+
+The writer thread is the reference: the same job with the writer in a child process must leave
+the same bytes, the same errors table, the same resume after a SIGKILL, and errors of the same
+classes. CUDA-only checks skip without a GPU.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_extract import CAPTURE, EXTRACT, driver, errors_rows, kill_and_resume, run
+from tiny_target import build_llama, write_split
+
+from eyrie.common.disk_full import is_disk_full
+from eyrie.extract.shard import ExtractError
+from eyrie.extract.write_process import (
+    WriterProcess,
+    WriterProcessError,
+    rebuilt,
+    use_writer_process,
+)
+from eyrie.store.format import StoreError
+from eyrie.store.lock import StoreLock
+from eyrie.store.slabs import supported
+from eyrie.store.writer import ShardWriter
+
+pytestmark = pytest.mark.skipif(not supported(), reason="the writer process needs Linux")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("write-process")
+    return root, build_llama(root / "target", layers=8), write_split(root / "train.jsonl", 24)
+
+
+def file_hashes(folder: Path) -> dict:
+    return {
+        str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(folder.rglob("*"))
+        if f.is_file()
+    }
+
+
+def poison_two(monkeypatch):
+    """NaN in the last state of two batches' last samples (found by the writer's bit check)."""
+    from eyrie.extract.hf import HFCapture
+
+    real, calls = HFCapture.capture_pending, [0]
+
+    def poisoned(self, sequences, host=None):
+        pending = real(self, sequences, host)
+        calls[0] += 1
+        if calls[0] in (1, 3):
+            pending.result()[-1][0].view(-1)[-1] = float("nan")
+        return pending
+
+    monkeypatch.setattr(HFCapture, "capture_pending", poisoned)
+    return lambda: calls.__setitem__(0, 0)  # start counting again (the next run)
+
+
+def test_process_writes_the_thread_writers_bytes_and_errors(setup, tmp_path, monkeypatch):
+    again = poison_two(monkeypatch)
+    runs = {}
+    for mode in (False, True):
+        again()
+        out = tmp_path / f"process-{mode}"
+        extract = {**EXTRACT, "writer_process": mode}
+        runs[mode] = run(setup, out, extract=extract)
+    same = [tmp_path / f"process-{m}" for m in (False, True)]
+    assert file_hashes(same[0] / "shard-000.zarr") == file_hashes(same[1] / "shard-000.zarr")
+    rows = [errors_rows(d / "shard-000.errors.csv") for d in same]
+    assert rows[0] == rows[1]
+    assert sum(r["reason"] == "non_finite" for r in rows[1]) == 2
+    assert runs[True].samples == runs[False].samples > 0
+    assert runs[True].seconds["writer_process_busy"] > 0
+    assert "writer_process_busy" not in runs[False].seconds
+
+
+DRIVER = driver({**EXTRACT, "writer_process": True})
+
+
+def writer_children(parent_pid: int) -> list[int]:
+    """Live writer processes started by `parent_pid` (their command line names it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"eyrie.store.remote_writer" in argv and str(parent_pid).encode() in argv:
+            found.append(int(proc.name))
+    return found
+
+
+def test_sigkill_of_the_job_ends_its_writer_and_resume_is_bit_exact(setup, tmp_path):
+    """SIGKILL the job while its writer process is up: the writer dies with it (it never
+    writes into a store whose lock is free), and the resumed store equals a clean run's.
+    The writer is stopped first, so it cannot notice the job's end by itself."""
+
+    def freeze_writer(proc) -> bool:
+        children = writer_children(proc.pid)
+        for child in children:  # frozen wherever it is, a commit half written maybe:
+            os.kill(child, signal.SIGSTOP)  # only the kernel's parent-death kill ends it
+        return bool(children)
+
+    def writer_gone(proc) -> None:
+        deadline = time.monotonic() + 10
+        while writer_children(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not writer_children(proc.pid), "the writer process outlived its job"
+
+    resumed, clean = kill_and_resume(
+        setup,
+        tmp_path,
+        DRIVER,
+        kills=2,
+        seed=7,
+        wait=(0.3, 1.5),
+        ready=freeze_writer,
+        killed=writer_gone,
+    )
+    assert file_hashes(resumed / "shard-000.zarr") == file_hashes(clean / "shard-000.zarr")
+    assert errors_rows(resumed / "shard-000.errors.csv") == errors_rows(
+        clean / "shard-000.errors.csv"
+    )
+
+
+# -- WriterProcess itself ---------------------------------------------------------------------
+
+KW = {
+    "hidden_size": 16,
+    "aux_layer_ids": [0, 1],
+    "provenance": {"test": 1},
+    "chunk_tokens": 8,
+    "shard_tokens": 32,
+}
+
+
+def sample(i: int, n: int = 5):
+    return types.SimpleNamespace(
+        line=i, sample_id=f"s{i}", input_ids=np.arange(n), loss_mask=np.ones(n)
+    )
+
+
+def open_process(path: Path, lock: StoreLock, groups) -> WriterProcess:
+    committed = ShardWriter(path, lock=lock, **KW)
+    committed.close()
+    child = WriterProcess()
+    child.open(
+        path, lock, KW, committed=committed, groups=groups, batch_size=2, slabs=3, cuda=False
+    )
+    return child
+
+
+def captured(child: WriterProcess, group, seed: int):
+    """Rows of `group` with random states living in a slab, as the capture leaves them."""
+    slab = child.slab_for(group, 2)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g in group:
+        n = len(g.input_ids)
+        aux = slab.tensor((n, 2, 16), torch.bfloat16)
+        final = slab.tensor((n, 16), torch.bfloat16)
+        aux.copy_(torch.from_numpy(rng.standard_normal((n, 2, 16), dtype=np.float32)))
+        final.copy_(torch.from_numpy(rng.standard_normal((n, 16), dtype=np.float32)))
+        rows.append((g.line, g.sample_id, g.input_ids, g.loss_mask, aux, final))
+    return slab, rows
+
+
+def test_a_writer_error_comes_back_as_its_own_class(tmp_path):
+    path = tmp_path / "s.zarr"
+    lock = StoreLock(path).acquire()
+    groups = [[sample(0), sample(1)], [sample(1), sample(2)]]
+    child = open_process(path, lock, groups)
+    try:
+        report = child.store(*reversed(captured(child, groups[0], 0)))
+        assert report["stored"] == [0, 1] and child.num_samples == 2
+        with pytest.raises(StoreError, match="'s1' is already in this shard"):
+            child.store(*reversed(captured(child, groups[1], 1)))
+    finally:
+        child.close()
+        lock.release()
+    with ShardWriter(path, **KW) as again:  # the failed group left nothing behind
+        assert again.committed_ids == ["s0", "s1"]
+
+
+def test_a_killed_writer_is_an_error_naming_the_store(tmp_path):
+    path = tmp_path / "s.zarr"
+    lock = StoreLock(path).acquire()
+    groups = [[sample(0)], [sample(1)]]
+    child = open_process(path, lock, groups)
+    try:
+        child.store(*reversed(captured(child, groups[0], 0)))
+        os.kill(child._proc.pid, signal.SIGKILL)
+        with pytest.raises(WriterProcessError, match=r"killed by signal 9.*resumes") as info:
+            child.store(*reversed(captured(child, groups[1], 1)))
+        assert str(path) in str(info.value)
+    finally:
+        child.close()
+        lock.release()
+    with ShardWriter(path, **KW) as again:
+        assert again.committed_ids == ["s0"]
+
+
+def test_the_setting_and_its_errors():
+    assert use_writer_process("auto", "cpu", "hf") is False
+    assert use_writer_process("auto", "cuda", "hf") is True
+    assert use_writer_process("auto", "cuda", "sglang") is False
+    assert use_writer_process(False, "cuda", "hf") is False
+    assert use_writer_process(True, "cpu", "hf") is True
+    with pytest.raises(ExtractError, match="writer_process: true needs capture.backend hf"):
+        use_writer_process(True, "cuda", "sglang")
+
+
+def test_a_full_disk_in_the_writer_is_still_a_full_disk():
+    error = {"type": "OSError", "module": "builtins", "message": "", "traceback": ""}
+    exc = rebuilt(
+        {**error, "errno": errno.ENOSPC, "strerror": "No space", "filename": "x"}, Path("s")
+    )
+    assert isinstance(exc, OSError) and is_disk_full(exc) and exc.filename == "x"
+    other = rebuilt({**error, "type": "KeyError", "errno": None}, Path("s"))
+    assert isinstance(other, ExtractError) and "writer process of s failed: KeyError" in str(other)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_process_and_thread_agree_and_gpu_finds_non_finite(tmp_path, monkeypatch):
+    """On a GPU: the copy stream and the GPU's finite flags give the thread writer's bytes,
+    and a NaN made by the model (a hook on a layer) is an error row in both modes."""
+    root = tmp_path / "setup"
+    target = build_llama(root / "target", layers=8)
+    data = write_split(root / "train.jsonl", 24)
+    import eyrie.extract.hf as hf
+
+    real = hf.HFCapture.capture_pending
+    calls = iter(range(1000))
+
+    def with_nan(self, sequences, host=None):
+        if next(calls) == 2:  # one batch: the last row's last real token gets a NaN
+            n = len(sequences[-1])
+            layer = hf.find_decoder_layers(self.model)[1][0]
+
+            def hook(module, args, output):
+                out = output[0] if isinstance(output, tuple) else output
+                out[len(sequences) - 1, n - 1, 0] = float("nan")
+
+            handle = layer.register_forward_hook(hook)
+            try:
+                return real(self, sequences, host)
+            finally:
+                handle.remove()
+        return real(self, sequences, host)
+
+    monkeypatch.setattr(hf.HFCapture, "capture_pending", with_nan)
+    outs = []
+    for mode in (False, True):
+        calls = iter(range(1000))
+        out = tmp_path / f"cuda-{mode}"
+        capture = {**CAPTURE, "device": "cuda"}
+        run((root, target, data), out, capture=capture, extract={**EXTRACT, "writer_process": mode})
+        outs.append(out)
+    assert file_hashes(outs[0] / "shard-000.zarr") == file_hashes(outs[1] / "shard-000.zarr")
+    rows = [errors_rows(o / "shard-000.errors.csv") for o in outs]
+    assert rows[0] == rows[1] and sum(r["reason"] == "non_finite" for r in rows[0]) == 1

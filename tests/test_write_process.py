@@ -157,24 +157,29 @@ def open_process(path: Path, lock: StoreLock, groups) -> WriterProcess:
     committed.close()
     child = WriterProcess()
     child.open(
-        path, lock, KW, committed=committed, groups=groups, batch_size=2, slabs=3, cuda=False
+        path, lock, KW, committed=committed, groups=groups, batch_size=2, slabs=2, cuda=False
     )
     return child
 
 
 def captured(child: WriterProcess, group, seed: int):
-    """Rows of `group` with random states living in a slab, as the capture leaves them."""
+    """Rows of `group` with random states living in a slab, laid out as the capture lays them
+    (eyrie.extract.hf: one padded buffer per batch, rows are views of it)."""
+    from eyrie.extract.job import batches
+
     slab = child.slab_for(group, 2)
     rng = np.random.default_rng(seed)
-    rows = []
-    for g in group:
-        n = len(g.input_ids)
-        aux = slab.tensor((n, 2, 16), torch.bfloat16)
-        final = slab.tensor((n, 16), torch.bfloat16)
-        aux.copy_(torch.from_numpy(rng.standard_normal((n, 2, 16), dtype=np.float32)))
-        final.copy_(torch.from_numpy(rng.standard_normal((n, 16), dtype=np.float32)))
-        rows.append((g.line, g.sample_id, g.input_ids, g.loss_mask, aux, final))
-    return slab, rows
+    rows = {}
+    for batch in batches(group, 2):
+        t = max(len(group[i].input_ids) for i in batch)
+        aux = slab.tensor((len(batch), t, 2, 16), torch.bfloat16)
+        final = slab.tensor((len(batch), t, 16), torch.bfloat16)
+        aux.copy_(torch.from_numpy(rng.standard_normal(tuple(aux.shape), dtype=np.float32)))
+        final.copy_(torch.from_numpy(rng.standard_normal(tuple(final.shape), dtype=np.float32)))
+        for r, i in enumerate(batch):
+            g, n = group[i], len(group[i].input_ids)
+            rows[i] = (g.line, g.sample_id, g.input_ids, g.loss_mask, aux[r, :n], final[r, :n])
+    return slab, [rows[i] for i in range(len(group))]
 
 
 def test_a_writer_error_comes_back_as_its_own_class(tmp_path):
@@ -192,6 +197,33 @@ def test_a_writer_error_comes_back_as_its_own_class(tmp_path):
         lock.release()
     with ShardWriter(path, **KW) as again:  # the failed group left nothing behind
         assert again.committed_ids == ["s0", "s1"]
+
+
+def test_a_group_larger_than_planned_gets_a_larger_slab(tmp_path, monkeypatch):
+    """Slabs are sized for the planned groups; a larger one replaces a free slab (the child
+    lets go of the old one) and its samples are stored as any others."""
+    import eyrie.extract.write_process as write_process
+
+    monkeypatch.setattr(write_process, "_SPARE", [])  # no slab kept from other tests
+    path = tmp_path / "s.zarr"
+    lock = StoreLock(path).acquire()
+    small = [[sample(0)], [sample(1)]]
+    child = open_process(path, lock, small)  # room for 2 slabs at once (queue 0 + 2)
+    try:
+        held = [captured(child, group, group[0].line) for group in small]  # both in use
+        for slab, rows in held:
+            child.store(rows, slab)
+        large = [sample(3, n=400), sample(4, n=400)]
+        slab, rows = captured(child, large, 3)
+        assert slab.nbytes > max(s.nbytes for s, _ in held) and len(child._slabs) == 2
+        assert child.store(rows, slab)["stored"] == [3, 4]
+        child.finish()
+    finally:
+        child.close()
+        lock.release()
+    with ShardWriter(path, **KW) as again:
+        assert again.committed_ids == ["s0", "s1", "s3", "s4"]
+        assert again.num_tokens == 2 * 5 + 2 * 400
 
 
 def test_a_killed_writer_is_an_error_naming_the_store(tmp_path):

@@ -191,13 +191,14 @@ class WriterProcess:
                 if self._free and len(self._slabs) >= self._max_slabs:  # too small: replace
                     old = self._free.pop()
                     self._slabs.remove(old)
-                    self._dropped.append(old.id)  # the child lets go with the next group
+                    if old.announced:  # the child lets go of it with the next group
+                        self._dropped.append(old.id)
                     old.close()
                 size = max(need, self._slab_bytes)
                 self._slab_bytes = size
                 slab = spare_slab(size, self._cuda)
-                if slab is None:
-                    slab = Slab(size)
+                if slab is None:  # an eighth more than the plan: a margin, not a need
+                    slab = Slab(size + size // 8)
                     if self._cuda:
                         slab.register_cuda()
                 self._slabs.append(slab)

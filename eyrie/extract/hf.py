@@ -40,6 +40,11 @@ def _first_tensor(output) -> torch.Tensor:
     raise CaptureError(f"a hooked module returned {type(output).__name__}, not a hidden state")
 
 
+def _row_views(aux: torch.Tensor, final: torch.Tensor, lengths: list[int]) -> list[tuple]:
+    """Each row's real tokens of a padded batch: (aux (T, k, H), final (T, H)) views."""
+    return [(aux[r, :n], final[r, :n]) for r, n in enumerate(lengths)]
+
+
 class Pending:
     """Captured states whose copy to the host may still be running (see capture_pending).
 
@@ -190,14 +195,13 @@ class HFCapture:
                 done = torch.cuda.Event()
                 done.record(copies)
             # each row is a view of its own buffer, which is never reused before its commit
-            rows = [(bufs[0][r, :n], bufs[1][r, :n]) for r, n in enumerate(lengths)]
-            return Pending(rows, done, flags)
+            return Pending(_row_views(*bufs, lengths), done, flags)
         stacked = torch.stack(aux, dim=2).to("cpu", torch.bfloat16)  # (B, T, k, H)
         final = final.to("cpu", torch.bfloat16)  # (B, T, H)
         if host is not None:  # one copy into the given buffers; rows are views of them
             bufs = [host(t.shape, t.dtype).copy_(t) for t in (stacked, final)]
-            return Pending([(bufs[0][r, :n], bufs[1][r, :n]) for r, n in enumerate(lengths)], None)
-        rows = [(stacked[r, :n].clone(), final[r, :n].clone()) for r, n in enumerate(lengths)]
+            return Pending(_row_views(*bufs, lengths), None)
+        rows = [(a.clone(), f.clone()) for a, f in _row_views(stacked, final, lengths)]
         return Pending(rows, None)
 
     def _collect(self) -> tuple[list[torch.Tensor], torch.Tensor]:

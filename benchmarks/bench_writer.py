@@ -10,6 +10,12 @@ store written is also checked to hold the same bytes, file by file, as the 1-thr
     python benchmarks/bench_writer.py --hidden 4096 --tokens 1024 --samples 64 --repeats 3
     python benchmarks/bench_writer.py --as-extractor     # plus the extractor's per-sample work
     python benchmarks/bench_writer.py --encoder zarr     # shard files written by zarr itself
+    python benchmarks/bench_writer.py --hidden 256 --tokens 117 --samples 1536 --commit-every 64 \
+        --threads 1 --shard-tokens 16384 4096           # bytes written against bytes stored
+
+Each store also prints the bytes the writing process handed to write() (Linux's
+/proc/self/io ``wchar``) against the bytes the store holds: a commit rewrites the shard file it
+ends in, so shard files much larger than a commit group write the same bytes several times.
 
 ``--as-extractor`` appends as eyrie/extract/shard.py does: each sample's bf16 patterns checked
 for Inf/NaN (``all_finite_bits``), then handed over (``append(copy=False)``).
@@ -52,8 +58,20 @@ def make_samples(hidden: int, tokens: int, distinct: int, seed: int) -> list[tup
     return out
 
 
-def write(path: Path, hidden: int, pool: list[tuple], args, threads: int) -> float:
-    """Seconds of append + commit for args.samples samples (store creation not counted)."""
+def written_bytes() -> int | None:
+    """Bytes this process has passed to write() so far (None where /proc/self/io is absent)."""
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def write(path: Path, hidden: int, pool: list[tuple], args, threads: int, shard: int):
+    """(seconds of append + commit for args.samples samples, bytes written meanwhile or None);
+    store creation is not counted."""
     shutil.rmtree(path, ignore_errors=True)
     w = ShardWriter(
         path,
@@ -61,12 +79,12 @@ def write(path: Path, hidden: int, pool: list[tuple], args, threads: int) -> flo
         aux_layer_ids=list(range(K)),
         provenance={"benchmark": "bench_writer"},
         chunk_tokens=args.chunk_tokens,
-        shard_tokens=args.shard_tokens,
+        shard_tokens=shard,
         writer_threads=threads,
         shard_encoder=args.encoder,
     )
     try:
-        start = time.perf_counter()
+        start, wrote = time.perf_counter(), written_bytes()
         for i in range(args.samples):
             ids, mask, aux, fin = pool[i % len(pool)]
             if args.as_extractor:
@@ -79,7 +97,8 @@ def write(path: Path, hidden: int, pool: list[tuple], args, threads: int) -> flo
             if (i + 1) % args.commit_every == 0:
                 w.commit()
         w.commit()
-        return time.perf_counter() - start
+        elapsed, after = time.perf_counter() - start, written_bytes()
+        return elapsed, (after - wrote if wrote is not None and after is not None else None)
     finally:
         w.close()
 
@@ -100,7 +119,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--commit-every", type=int, default=16, help="samples per commit")
     ap.add_argument("--chunk-tokens", type=int, default=256)
-    ap.add_argument("--shard-tokens", type=int, default=16384)
+    ap.add_argument("--shard-tokens", type=int, nargs="+", default=[16384])
     ap.add_argument("--distinct", type=int, default=4, help="distinct samples, cycled")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="where stores are written")
@@ -125,15 +144,17 @@ def main() -> None:
     )
     records = []
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench_writer-") as tmp:
-        for hidden in args.hidden:
+        for shard, hidden in ((s, h) for s in args.shard_tokens for h in args.hidden):
             pool = make_samples(hidden, args.tokens, args.distinct, args.seed)
             raw_mb = args.samples * args.tokens * (K + 1) * hidden * 2 / 1e6
             seconds = {t: [] for t in threads}
-            reference, identical = None, True
+            reference, identical, wrote = None, True, None
             for _ in range(args.repeats):
                 for t in threads:
                     path = Path(tmp) / f"h{hidden}-t{t}"
-                    seconds[t].append(write(path, hidden, pool, args, t))
+                    elapsed, wrote = write(path, hidden, pool, args, t, shard)
+                    seconds[t].append(elapsed)
+                    stored = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
                     files = digest(path)
                     reference = reference or files
                     identical &= files == reference
@@ -143,6 +164,7 @@ def main() -> None:
                 s = statistics.median(seconds[t])
                 rec = {
                     "hidden": hidden,
+                    "shard_tokens": shard,
                     "threads": t,
                     "encoder": args.encoder,
                     "raw_mb": round(raw_mb, 1),
@@ -150,11 +172,18 @@ def main() -> None:
                     "mb_s": round(raw_mb / s, 1),
                     "vs_1_thread": round(base / s, 3),
                     "bytes_identical_to_1_thread": identical,
+                    "written_bytes": wrote,
+                    "stored_bytes": stored,
                 }
                 records.append(rec)
                 print(
-                    f"hidden {hidden:5d} threads {t:2d}: {raw_mb / s:8.1f} MB/s raw bf16 "
-                    f"({base / s:.2f}x 1 thread; median of {len(seconds[t])})"
+                    f"shard {shard:5d} hidden {hidden:5d} threads {t:2d}: {raw_mb / s:8.1f} MB/s "
+                    f"raw bf16 ({base / s:.2f}x 1 thread; median of {len(seconds[t])})"
+                )
+            if wrote is not None:
+                print(
+                    f"shard {shard} hidden {hidden}: wrote {wrote / 1e6:.1f} MB for a store of "
+                    f"{stored / 1e6:.1f} MB ({wrote / stored:.2f}x)"
                 )
             print(f"hidden {hidden}: every store byte-identical to 1 thread: {identical}")
     if args.json:

@@ -386,7 +386,9 @@ def test_data_written_past_the_commit_is_discarded(tmp_path, monkeypatch):
 
     commit_killed_before_record(w, monkeypatch)
     g = zarr.open_group(str(tmp_path / "s"), mode="r")
-    assert g["aux_hidden"].shape[0] == 150  # the uncommitted data did reach the disk
+    assert g["aux_hidden"].shape[0] >= 150  # grown ahead; the uncommitted data reached the disk
+    written = np.concatenate([s["input_ids"] for s in samples[3:5]])
+    np.testing.assert_array_equal(g["input_ids"][90:150], written)
     part = ShardReader(tmp_path / "s", require_complete=False)
     assert len(part) == 3 and part.num_tokens == 90
 
@@ -650,8 +652,74 @@ def test_auto_shard_tokens_keeps_shard_files_near_64_mib():
              (64, 4096, 1), (512, 4096, 4), (32, 64, 3)]  # fmt: skip
     for chunk, hidden, k in cases:
         fits = [chunk * 2**n for n in range(12)
-                if chunk * 2**n <= 16384 and chunk * 2**n * 2 * k * hidden <= 64 << 20]  # fmt: skip
+                if chunk * 2**n <= 4096 and chunk * 2**n * 2 * k * hidden <= 64 << 20]  # fmt: skip
         assert shard_tokens_for("auto", chunk, hidden, k) == max(fits, default=chunk)
     assert shard_tokens_for("auto", 256, 4096, 3) == 2048  # Llama-8B width, EAGLE-3's 3 layers
-    assert shard_tokens_for("auto", 256, 128, 3) == 16384  # the default target: as before
+    assert shard_tokens_for("auto", 256, 128, 3) == 4096  # the toys: about half a commit group
     assert shard_tokens_for(512, 256, 4096, 3) == 512  # a number is taken as given
+
+
+def _file_bytes(path) -> dict[str, bytes]:
+    return {
+        str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()
+    }
+
+
+def test_arrays_grown_ahead_leave_no_trace_in_the_finished_store(tmp_path, monkeypatch):
+    """Commits grow the arrays ahead (a zarr.json written once in several commits); the
+    finished store holds the same bytes, file for file, as one resized at every commit."""
+    import eyrie.store.writer as writer_module
+
+    samples = [make_sample(i) for i in range(20)]
+    resized = []
+    real_resize = zarr.Array.resize
+    monkeypatch.setattr(
+        zarr.Array, "resize", lambda a, s: (resized.append(a.path), real_resize(a, s))
+    )
+    write_store(tmp_path / "ahead", samples, commit_every=2)
+    commits = 10
+    assert 0 < resized.count("aux_hidden") < commits  # grown a few times, then trimmed once
+    monkeypatch.setattr(writer_module, "GROW_AHEAD", 0)
+    write_store(tmp_path / "exact", samples, commit_every=2)
+    # every commit of the exact store resized (shrunk back at finish once at most)
+    assert resized.count("aux_hidden") >= commits + (resized.count("aux_hidden") > 0)
+    ahead, exact = _file_bytes(tmp_path / "ahead"), _file_bytes(tmp_path / "exact")
+    assert ahead.keys() == exact.keys() and ahead == exact
+    r = ShardReader(tmp_path / "ahead")
+    assert r.num_tokens == sum(len(s["input_ids"]) for s in samples)
+    g = zarr.open_group(str(tmp_path / "ahead"), mode="r")
+    assert g["aux_hidden"].shape[0] == r.num_tokens and g["offsets"].shape == (21,)
+
+
+def test_a_commit_fsyncs_only_the_folders_whose_names_changed(tmp_path, monkeypatch):
+    """Each written file's folder, and the parent of a folder the commit made; never the
+    folders above them (their names did not change)."""
+    import eyrie.store.format as fmt
+
+    w = writer(tmp_path / "s")
+    for i in range(2):
+        w.append(**make_sample(i, tokens=20))
+    w.commit()  # tokens [0, 40): shard file 0 of every token array exists now
+    synced = []
+    real = fmt.fsync
+    monkeypatch.setattr(fmt, "fsync", lambda p: (synced.append(p), real(p)))
+    w.append(**make_sample(2, tokens=10))  # tokens [40, 50): still shard file 0
+    w.commit()
+    store = tmp_path / "s"
+    folders = {p.relative_to(store).as_posix() for p in synced if p.is_dir()}
+    assert folders == {
+        ".",
+        "input_ids/c",
+        "loss_mask/c",
+        "aux_hidden/c/0/0",
+        "final_hidden/c/0",
+        "offsets/c",
+        "sample_id/c",
+    }  # "." : commit.json's own replace
+    synced.clear()
+    w.append(**make_sample(3, tokens=30))  # tokens [50, 80): shard file 1 is made
+    w.commit()
+    folders = {p.relative_to(store).as_posix() for p in synced if p.is_dir()}
+    assert {"aux_hidden/c", "aux_hidden/c/1", "aux_hidden/c/1/0", "final_hidden/c"} <= folders
+    assert "aux_hidden" not in folders and "aux_hidden/c/0/0" in folders
+    w.close()

@@ -45,6 +45,11 @@ def _row_views(aux: torch.Tensor, final: torch.Tensor, lengths: list[int]) -> li
     return [(aux[r, :n], final[r, :n]) for r, n in enumerate(lengths)]
 
 
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    """t as bfloat16 (a bf16 target's states as they are: no call per batch for nothing)."""
+    return t if t.dtype == torch.bfloat16 else t.to(torch.bfloat16)
+
+
 class Pending:
     """Captured states whose copy to the host may still be running (see capture_pending).
 
@@ -169,8 +174,8 @@ class HFCapture:
         aux, final = self._collect()
         self._aux, self._final = {}, []
         if cuda:
-            stacked = torch.stack(aux, dim=2).to(torch.bfloat16)  # (B, T, k, H)
-            final = final.to(torch.bfloat16)  # (B, T, H)
+            stacked = _bf16(torch.stack(aux, dim=2))  # (B, T, k, H)
+            final = _bf16(final)  # (B, T, H)
             # finite per row over its real tokens, on the bf16 values that are stored
             ok = torch.isfinite(stacked).flatten(2).all(-1) & torch.isfinite(final).all(-1)
             finite = (ok | (mask_dev == 0)).all(-1)

@@ -167,7 +167,8 @@ class WriterProcess:
         for batch in batches(group, batch_size):
             t = max(len(group[i].input_ids) for i in batch)
             need += aligned(len(batch) * t * k * h * 2) + aligned(len(batch) * t * h * 2)
-        return need + sum(aligned(len(g.input_ids) * 4) + aligned(len(g.input_ids)) for g in group)
+        tokens = sum(len(g.input_ids) for g in group)
+        return need + aligned(tokens * 4) + aligned(tokens)  # its token ids and masks
 
     def slab_for(self, group, batch_size: int) -> Slab:
         """A free slab large enough for `group` (waits while every slab is in use).
@@ -215,18 +216,30 @@ class WriterProcess:
     def store(self, rows, slab: Slab) -> dict:
         """store_group in the child: rows as in store_group, states living in `slab`."""
         try:
-            items = [
-                {
-                    "line": int(line),
-                    "id": sample_id,
-                    "ids": slab.put(np.asarray(ids, dtype=np.int32)),
-                    "mask": slab.put(np.asarray(mask, dtype=np.uint8)),
-                    "aux": slab.place_of(aux),
-                    "final": slab.place_of(final),
-                    "finite": bool(known[0]) if known else None,
-                }
-                for line, sample_id, ids, mask, aux, final, *known in rows
-            ]
+            # the group's token ids and masks go in one piece each (a copy per sample held
+            # the interpreter the forward launches its kernels from); each sample's place is
+            # its stretch of that piece
+            ids_at, masks_at = (
+                slab.put(np.concatenate([np.asarray(row[k], dtype=dtype) for row in rows]))[0]
+                if rows
+                else 0
+                for k, dtype in ((2, np.int32), (3, np.uint8))
+            )
+            items, start = [], 0
+            for line, sample_id, ids, _mask, aux, final, *known in rows:
+                n = len(ids)
+                items.append(
+                    {
+                        "line": int(line),
+                        "id": sample_id,
+                        "ids": [ids_at + 4 * start, "<i4", [n]],
+                        "mask": [masks_at + start, "|u1", [n]],
+                        "aux": slab.place_of(aux),
+                        "final": slab.place_of(final),
+                        "finite": bool(known[0]) if known else None,
+                    }
+                )
+                start += n
             message = {"op": "group", "slab": slab.id, "items": items}
             # every message goes from this thread, one at a time: a new slab's descriptor
             # and the slabs to let go of travel with the group that first needs it

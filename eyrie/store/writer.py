@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from eyrie.store.codecs import WRITE_CONFIG as _WRITE_CONFIG
 from eyrie.store.codecs import (
+    SAMPLE_CHUNK,
     PrecisionError,
     mantissa_bits,
     precision_attrs,
     round_bf16_bits,
-    stored_mantissa_bits,
 )
+from eyrie.store.codecs import WRITE_CONFIG as _WRITE_CONFIG
 from eyrie.store.codecs import create_arrays as _create_arrays
 from eyrie.store.format import (
     ALL_ARRAYS,
@@ -35,6 +35,7 @@ from eyrie.store.format import (
     StoreError,
     check_version,
     expected_chunk_files,
+    folders_present,
     fsync,
     fsync_tree,
     ids_digest,
@@ -48,12 +49,14 @@ from eyrie.store.format import (
 )
 from eyrie.store.lock import StoreLock
 from eyrie.store.parallel import Pool, resolve_threads, spans
+from eyrie.store.resume import check_same_setup
 from eyrie.store.shard_files import TokenShardFiles, UnsupportedLayout
 
 # Who encodes the token arrays' shard files: "eyrie" (eyrie/store/shard_files.py, the same
 # bytes as zarr's at a fraction of its overhead) or "zarr" (``arr[lo:hi] = values``).
 SHARD_ENCODERS = ("eyrie", "zarr")
 SHARD_ENCODER = "eyrie"
+GROW_AHEAD = 8  # commits of room an array is grown by when a commit overflows it
 
 
 class ShardWriter:
@@ -211,33 +214,7 @@ class ShardWriter:
         p = self.path
         attrs = root_attrs(p) or {}
         check_version(p, attrs)
-        if attrs.get("hidden_size") != self.hidden_size:
-            raise StoreError(
-                f"{p} holds hidden_size {attrs.get('hidden_size')}, this writer has "
-                f"{self.hidden_size}; delete {p} to re-extract for the new target, or use the "
-                "target the store was started with"
-            )
-        if attrs.get("aux_layer_ids") != self.aux_layer_ids:
-            raise StoreError(
-                f"{p} holds aux_layer_ids {attrs.get('aux_layer_ids')}, this writer has "
-                f"{self.aux_layer_ids}; delete {p} to re-extract with the new layers"
-            )
-        if stored_mantissa_bits(attrs) != self.mantissa_bits:
-            raise StoreError(
-                f"{p} holds precision {attrs.get('precision', 'lossless')}, this writer "
-                f"{self.precision}; delete {p} to re-extract at the new precision"
-            )
-        old = attrs.get("provenance")
-        if old != self.provenance:
-            keys = sorted(
-                k
-                for k in set(old or {}) | set(self.provenance)
-                if (old or {}).get(k) != self.provenance.get(k)
-            )
-            raise StoreError(
-                f"{p} was started with different provenance (differing keys: {keys}); resuming "
-                f"would mix hidden states from two setups. Delete {p} to re-extract"
-            )
+        check_same_setup(p, attrs, self)
         self.chunk_tokens = int(attrs.get("chunk_tokens", 0))
         self.shard_tokens = int(attrs.get("shard_tokens", 0))
         self.complete = bool(attrs.get("complete", False))
@@ -337,7 +314,7 @@ class ShardWriter:
         mask = int_vector(loss_mask, "loss_mask", who, allow_bool=True)
         if mask.shape[0] != n_tok:
             raise StoreError(f"{who}: loss_mask has {mask.shape[0]} tokens, input_ids {n_tok}")
-        if mask.size and not np.isin(mask, (0, 1)).all():
+        if mask.size and (mask.min() < 0 or mask.max() > 1):  # np.isin cost 35 us a sample
             raise StoreError(f"{who}: loss_mask must hold only 0/1 (or bool)")
         k, h = len(self.aux_layer_ids), self.hidden_size
         aux = self._owned_bits(aux_hidden, "aux_hidden", (n_tok, k, h), who, copy)
@@ -356,13 +333,16 @@ class ShardWriter:
         lengths = np.array([b[1].shape[0] for b in batch], dtype=np.int64)
         n1, t1 = n0 + len(batch), t0 + int(lengths.sum())
         a = self._arrays
-        for name in TOKEN_ARRAYS:
-            a[name].resize((t1, *a[name].shape[1:]))
-        a["offsets"].resize((n1 + 1,))
-        a["sample_id"].resize((n1,))
+        resized = self._grow(t1, n1, t1 - t0, n1 - n0)
         starts = np.concatenate([[0], np.cumsum(lengths)])  # of each sample, from t0
         # one piece per shard file (several threads, or our own encoder), else one per array
         split = self.writer_threads > 1 or self._shard_files is not None
+        spans_of = {"offsets": (n0, n1 + 1), "sample_id": (n0, n1)}
+        touched = [f"{name}/zarr.json" for name in resized]
+        for name, arr in a.items():
+            lo, hi = spans_of.get(name, (t0, t1))
+            touched += [f"{name}/{f}" for f in expected_chunk_files(arr, hi, lo)]
+        existed = folders_present(self.path, touched)  # before the writes that may add some
         self._flushed = []
         jobs = [
             (lambda j=j, name=name, lo=lo, hi=hi: self._write_tokens(j, name, lo, hi, t0, starts))
@@ -375,15 +355,10 @@ class ShardWriter:
         jobs.append(lambda: pool.setitem(a["sample_id"], slice(n0, n1), ids_value))
         pool.run(jobs)
         # Make the data durable before the commit record that points at it (power loss too):
-        # every file the commit wrote (each array's zarr.json was rewritten by its resize; the
-        # group's zarr.json is not touched by a commit) and every folder above them. A file a
-        # piece already flushed is not flushed twice; its folders still are, after it.
-        spans_of = {"offsets": (n0, n1 + 1), "sample_id": (n0, n1)}
-        touched = []
-        for name, arr in a.items():
-            lo, hi = spans_of.get(name, (t0, t1))
-            touched += [f"{name}/{f}" for f in ["zarr.json", *expected_chunk_files(arr, hi, lo)]]
-        fsync_tree(self.path, touched, each=pool.map, synced=set(self._flushed))
+        # every file the commit wrote (a grown array's zarr.json too; the group's zarr.json is
+        # not touched by a commit) and the folders whose names changed. A file a piece already
+        # flushed is not flushed twice; its folder still is, after it.
+        fsync_tree(self.path, touched, each=pool.map, synced=set(self._flushed), existed=existed)
         ids = self.committed_ids + new_ids
         self._write_commit_record(n1, t1, ids)
         self.committed_ids = ids
@@ -397,6 +372,13 @@ class ShardWriter:
         self.commit()
         if self.complete:
             return
+        n, t = self.num_samples, self.num_tokens
+        want = {"offsets": n + 1, "sample_id": n, **dict.fromkeys(TOKEN_ARRAYS, t)}
+        trimmed = [name for name, arr in self._arrays.items() if arr.shape[0] > want[name]]
+        for name in trimmed:  # grown ahead by commits: a complete store is exactly as long
+            arr = self._arrays[name]
+            arr.resize((want[name], *arr.shape[1:]))
+        fsync_tree(self.path, [f"{name}/zarr.json" for name in trimmed])
         self._group.attrs.update({"complete": True})  # zarr.json rewritten via temp + rename
         fsync_tree(self.path, ["zarr.json"])
         self.complete = True
@@ -436,6 +418,27 @@ class ShardWriter:
         if self._pool is None:
             self._pool = Pool(self.writer_threads)
         return self._pool
+
+    def _grow(self, t1: int, n1: int, tokens: int, samples: int) -> list[str]:
+        """Lengthen the arrays this commit overflows, with room for GROW_AHEAD more like it.
+
+        Why ahead: a resize rewrites the array's zarr.json (a zarr call, a file, its fsync and
+        its folder's), and at every commit that cost more than a small commit's own data
+        (benchmarks/RESULTS.md). The commit record, not an array's length, says what is valid
+        (docs/store-format.md); finish() trims every array to it.
+        """
+        steps = {"offsets": SAMPLE_CHUNK, "sample_id": SAMPLE_CHUNK}
+        need = {"offsets": (n1 + 1, samples), "sample_id": (n1, samples)}
+        grown = []
+        for name, arr in self._arrays.items():
+            length, per_commit = need.get(name, (t1, tokens))
+            if arr.shape[0] >= length:
+                continue
+            step = steps.get(name, self.shard_tokens)
+            room = -(-(length + GROW_AHEAD * per_commit) // step) * step
+            arr.resize((room, *arr.shape[1:]))
+            grown.append(name)
+        return grown
 
     def _write_tokens(self, j: int, name: str, lo: int, hi: int, t0: int, starts) -> None:
         """Write buffered field j of the samples over tokens [lo, hi) (one job of a commit).

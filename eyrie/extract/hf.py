@@ -197,7 +197,9 @@ class HFCapture:
                 for dst, src in zip((*bufs, flags), (stacked, final, finite), strict=True):
                     dst.copy_(src, non_blocking=True)
                     src.record_stream(copies)
-                done = torch.cuda.Event()
+                # blocking: the thread that waits for it (the writer's) sleeps rather than
+                # spins in the driver beside the thread launching the forward's kernels
+                done = torch.cuda.Event(blocking=True)
                 done.record(copies)
             # each row is a view of its own buffer, which is never reused before its commit
             return Pending(_row_views(*bufs, lengths), done, flags)

@@ -43,6 +43,13 @@ COMMIT_RECORD = "commit.json"
 TOKEN_ARRAYS = ("input_ids", "loss_mask", "aux_hidden", "final_hidden")
 SAMPLE_ARRAYS = ("offsets", "sample_id")
 ALL_ARRAYS = TOKEN_ARRAYS + SAMPLE_ARRAYS
+
+
+def committed_lengths(n: int, t: int) -> dict[str, int]:
+    """Each array's length for n samples of t tokens (offsets has one entry more)."""
+    return {"offsets": n + 1, "sample_id": n, **dict.fromkeys(TOKEN_ARRAYS, t)}
+
+
 OUR_TMP = ".eyrie-tmp"  # suffix of the store's own temp files (resume deletes them)
 ZARR_TMP = re.compile(r"\.[0-9a-f]{32}\.partial$")  # zarr's LocalStore temp names
 

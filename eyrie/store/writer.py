@@ -34,6 +34,7 @@ from eyrie.store.format import (
     ZARR_TMP,
     StoreError,
     check_version,
+    committed_lengths,
     expected_chunk_files,
     folders_present,
     fsync,
@@ -236,7 +237,7 @@ class ShardWriter:
                     f"{p}: array {name!r} is missing; delete {p} and re-extract"
                 ) from None
             self._arrays[name] = arr.with_config(_WRITE_CONFIG)
-        want = {"offsets": n + 1, "sample_id": n, **dict.fromkeys(TOKEN_ARRAYS, t)}
+        want = committed_lengths(n, t)
         for name, arr in self._arrays.items():
             have = arr.shape[0]
             if have < want[name]:
@@ -373,7 +374,7 @@ class ShardWriter:
         if self.complete:
             return
         n, t = self.num_samples, self.num_tokens
-        want = {"offsets": n + 1, "sample_id": n, **dict.fromkeys(TOKEN_ARRAYS, t)}
+        want = committed_lengths(n, t)
         trimmed = [name for name, arr in self._arrays.items() if arr.shape[0] > want[name]]
         for name in trimmed:  # grown ahead by commits: a complete store is exactly as long
             arr = self._arrays[name]
@@ -427,14 +428,14 @@ class ShardWriter:
         (benchmarks/RESULTS.md). The commit record, not an array's length, says what is valid
         (docs/store-format.md); finish() trims every array to it.
         """
-        steps = {"offsets": SAMPLE_CHUNK, "sample_id": SAMPLE_CHUNK}
-        need = {"offsets": (n1 + 1, samples), "sample_id": (n1, samples)}
         grown = []
-        for name, arr in self._arrays.items():
-            length, per_commit = need.get(name, (t1, tokens))
+        for name, length in committed_lengths(n1, t1).items():
+            arr = self._arrays[name]
             if arr.shape[0] >= length:
                 continue
-            step = steps.get(name, self.shard_tokens)
+            per_commit, step = (
+                (tokens, self.shard_tokens) if name in TOKEN_ARRAYS else (samples, SAMPLE_CHUNK)
+            )
             room = -(-(length + GROW_AHEAD * per_commit) // step) * step
             arr.resize((room, *arr.shape[1:]))
             grown.append(name)

@@ -155,7 +155,7 @@ def main(argv=None) -> int:
         aux_ids = resolve_aux_layer_ids(None, layers)  # extraction's default
         base = target.model.get_decoder()
         pad = target.tokenizer.pad_token_id or 0
-        bare_forward(base, batches[:4], pad, target.device)  # warm-up
+        bare_forward(base, batches, pad, target.device)  # every shape once (a first is slow)
         capture_loop(target, batches[:16], aux_ids, "pinned")
         tokens = sum(len(g.input_ids) for g in good)
         print(f"{len(batches)} batches, {tokens} tokens, aux layers {aux_ids}")

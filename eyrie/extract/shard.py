@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from eyrie.common.disk_full import for_extract, is_disk_full
+from eyrie.extract.cpus import forward_cpu_plan, forward_pinned
 from eyrie.extract.job import (
     Outcome,
     Resolve,
@@ -43,7 +44,7 @@ from eyrie.store.writer import SHARD_ENCODER
 log = logging.getLogger("eyrie.extract.shard")
 # extract settings that change only speed: left out of a store's provenance (shard_encoder is
 # not in the config schema: benchmarks/bench_extract.py sets it to compare the two writers)
-WRITER_KNOBS = ("writer_threads", "writer_process", "shard_encoder")
+WRITER_KNOBS = ("writer_threads", "writer_process", "shard_encoder", "pin_forward")
 
 __all__ = [
     "ERROR_COLUMNS",
@@ -131,6 +132,11 @@ def extract_shard(
     ):
         child = WriterProcess()
     try:
+        pin_plan = forward_cpu_plan(
+            extract.get("pin_forward", "auto"),
+            writer_process=child is not None,
+            device_type=ready.device.type,
+        )
         good, errors = tokenize(ready.tokenizer, members, max_tokens)
         sources = {r.line: r.source for r in members}
         settings = {
@@ -237,6 +243,11 @@ def extract_shard(
             with (
                 start_writer(cap.writer_queue) as bg,
                 cap.session(bool(groups), batch_size) as submit,
+                forward_pinned(
+                    pin_plan if groups and cap.writer_queue > 0 else None,
+                    writer_threads=bg.thread_ids,
+                    writer_pids=[child.pid] if writer is child else [],
+                ),
             ):
                 seconds["setup"] = time.perf_counter() - start  # a server may have started
                 for group in groups:

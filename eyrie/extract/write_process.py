@@ -103,6 +103,10 @@ class WriterProcess:
         fds_there.close()
         self._conn = Connection(msg_here.detach())
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def open(self, store, lock, writer_kwargs: dict, *, committed, groups, batch_size, slabs, cuda):
         """Open `store` in the child, under `lock` (held here); `committed` is the job's
         closed ShardWriter of it, `groups` what is left to capture (they size the slabs)."""

@@ -42,6 +42,11 @@ class BackgroundWriter:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def thread_ids(self) -> tuple[int, ...]:
+        """The native id of the writer thread (eyrie.extract.cpus pins it)."""
+        return (self._thread.native_id,)
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
@@ -126,6 +131,7 @@ class InlineWriter:
     """BackgroundWriter's interface, running each job at once on the caller's thread."""
 
     waited_s = 0.0
+    thread_ids: tuple[int, ...] = ()  # no thread of its own
 
     def submit(self, fn: Callable, *args) -> None:
         fn(*args)

@@ -303,3 +303,41 @@ def test_cuda_process_and_thread_agree_and_gpu_finds_non_finite(tmp_path, monkey
     assert file_hashes(outs[0] / "shard-000.zarr") == file_hashes(outs[1] / "shard-000.zarr")
     rows = [errors_rows(o / "shard-000.errors.csv") for o in outs]
     assert rows[0] == rows[1] and sum(r["reason"] == "non_finite" for r in rows[0]) == 1
+
+
+def test_available_memory_reads_meminfo_and_a_cgroup_limit(tmp_path):
+    from eyrie.store.slabs import available_memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 100000000 kB\nMemAvailable:    8388608 kB\n")
+    group = tmp_path / "cg" / "job_7" / "step_0"
+    group.mkdir(parents=True)
+    (group / "memory.max").write_text(f"{4 << 30}\n")
+    (group / "memory.current").write_text(f"{1 << 30}\n")
+    self_cgroup = tmp_path / "cgroup"
+    self_cgroup.write_text("0::/job_7/step_0\n")
+    args = {"meminfo": meminfo, "self_cgroup": self_cgroup, "cgroup_root": tmp_path / "cg"}
+    assert available_memory(**args) == 3 << 30  # the job's limit leaves less than the node
+    (group / "memory.max").write_text("max\n")
+    assert available_memory(**args) == 8 << 30
+    assert available_memory(meminfo=tmp_path / "none", self_cgroup=tmp_path / "none") is None
+
+
+def test_slabs_larger_than_memory_left_fail_before_any_capture(setup, tmp_path, monkeypatch):
+    """The job stops with the sizes and the fixes before it captures (slabs registered for
+    the GPU's copies cannot be swapped: past the memory left the job would be killed)."""
+    import eyrie.extract.write_process as write_process
+    from eyrie.extract.hf import HFCapture
+
+    captured = []
+    monkeypatch.setattr(write_process, "available_memory", lambda: 4096)
+    monkeypatch.setattr(HFCapture, "capture_pending", lambda *a, **k: captured.append(1))
+    out = tmp_path / "small"
+    with pytest.raises(ExtractError) as info:
+        run(setup, out, extract={**EXTRACT, "writer_process": True})
+    message = str(info.value)
+    assert "writer process needs up to" in message and "this job has 0.0 GiB left" in message
+    assert "dataset.max_tokens" in message and "--commit-every" in message
+    assert captured == [] and not (out / "shard-000.zarr").exists()
+    monkeypatch.undo()  # the machine's own memory: the rerun resumes and finishes
+    assert run(setup, out, extract={**EXTRACT, "writer_process": True}).samples > 0

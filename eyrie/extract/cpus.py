@@ -91,8 +91,12 @@ def forward_pinned(plan, *, writer_threads=(), writer_pids=()):
     for pid in writer_pids:
         for tid in threads_of(pid):
             _set(tid, others)
-    os.sched_setaffinity(0, {cpu})  # the calling thread only (Linux: per thread)
-    log.info("forward pass pinned to CPU %d, writers on CPUs %s", cpu, sorted(others))
+    try:
+        os.sched_setaffinity(0, {cpu})  # the calling thread only (Linux: per thread)
+    except OSError as exc:  # the job's CPUs changed under it: run as it is, unpinned
+        log.warning("extract.pin_forward: could not pin the forward to CPU %d (%s)", cpu, exc)
+    else:
+        log.info("forward pass pinned to CPU %d, writers on CPUs %s", cpu, sorted(others))
     try:
         yield
     finally:

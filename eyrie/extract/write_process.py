@@ -40,7 +40,7 @@ import numpy as np
 from eyrie.extract.job import batches
 from eyrie.extract.split import ExtractError
 from eyrie.store.remote_writer import store_group
-from eyrie.store.slabs import Slab, aligned, supported
+from eyrie.store.slabs import Slab, aligned, available_memory, gib, supported
 
 log = logging.getLogger("eyrie.extract.write_process")
 __all__ = ["WriterProcess", "WriterProcessError", "store_group", "use_writer_process"]
@@ -117,6 +117,7 @@ class WriterProcess:
         self.num_samples, self.num_tokens = committed.num_samples, committed.num_tokens
         self._cuda, self._max_slabs = cuda, max(2, int(slabs))
         self._slab_bytes = max(self.need(g, batch_size) for g in groups)
+        self._check_memory(len(groups))
         socket.send_fds(self._fds_here, [b"lock"], [lock.fileno()])
         # the child's answer is read before the first group's (one stream, in order)
         self._opening = True
@@ -163,6 +164,28 @@ class WriterProcess:
         )
 
     # -- slabs --------------------------------------------------------------------------------
+
+    def _check_memory(self, groups: int) -> None:
+        """Fail before any capture where the slabs cannot fit in what memory is left."""
+        slab = self._slab_bytes + self._slab_bytes // 8  # as slab_for makes them
+        count = min(self._max_slabs, groups)
+        free = available_memory()
+        log.info(
+            "%s: the writer process takes up to %d shared slabs of %s (each the largest commit "
+            "group's states, padded by batch); %s available",
+            self.path,
+            count,
+            gib(slab),
+            "unknown" if free is None else gib(free),
+        )
+        if free is not None and count * slab > free:
+            raise ExtractError(
+                f"{self.path}: the writer process needs up to {gib(count * slab)} of host memory "
+                f"({count} slabs of {gib(slab)}: the largest commit group's states, padded by "
+                f"batch, locked for the GPU's copies) and this job has {gib(free)} left; lower "
+                "dataset.max_tokens or the samples per commit (eyrie extract --commit-every), "
+                "or give the job more memory (on a cluster: resources.gpu.mem_mb)"
+            )
 
     def need(self, group, batch_size: int) -> int:
         """Slab bytes for `group` captured in its batches (eyrie.extract.hf pads each batch)."""

@@ -18,6 +18,7 @@ import itertools
 import logging
 import mmap
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +34,38 @@ def aligned(nbytes: int) -> int:
 def supported() -> bool:
     """Whether this OS can share slabs (Linux's memfd_create)."""
     return hasattr(os, "memfd_create")
+
+
+def available_memory(
+    meminfo="/proc/meminfo", self_cgroup="/proc/self/cgroup", cgroup_root="/sys/fs/cgroup"
+) -> int | None:
+    """Bytes this process may still take: the kernel's MemAvailable, or less where a cgroup v2
+    memory limit (a SLURM job's --mem, a container's) leaves less; None where neither is known.
+
+    Slabs registered with CUDA are locked in memory: past this, the job is killed, not slowed.
+    """
+    found = []
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        for line in Path(self_cgroup).read_text().splitlines():
+            if line.startswith("0::"):
+                group = Path(cgroup_root) / line[3:].strip().lstrip("/")
+                limit = (group / "memory.max").read_text().strip()
+                if limit != "max":
+                    current = int((group / "memory.current").read_text().strip())
+                    found.append(max(0, int(limit) - current))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
 
 
 class SlabFull(RuntimeError):

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_extract import (  # noqa: E402
     bare_forward,
+    extraction_batches,
     machine,
     split_file,
     target_dir,
@@ -39,8 +40,6 @@ from bench_extract import (  # noqa: E402
 )
 
 from eyrie.extract.hf import HFCapture  # noqa: E402
-from eyrie.extract.job import batches as batched  # noqa: E402
-from eyrie.extract.job import groups_to_do  # noqa: E402
 from eyrie.extract.split import (  # noqa: E402
     read_split,
     resolve_aux_layer_ids,  # noqa: E402
@@ -149,8 +148,7 @@ def main(argv=None) -> int:
         target = load_target(target_dir(args.target, tmp), device=args.device)
         split = read_split(split_file(args.data, args.samples, tmp))
         good, _ = tokenize(target.tokenizer, split, args.max_tokens)
-        groups = groups_to_do(good, 64, set(), set())
-        batches = [[g[i].input_ids for i in b] for g in groups for b in batched(g, args.batch_size)]
+        batches = extraction_batches(good, 64, args.batch_size)
         layers = target.model.config.get_text_config().num_hidden_layers
         aux_ids = resolve_aux_layer_ids(None, layers)  # extraction's default
         base = target.model.get_decoder()

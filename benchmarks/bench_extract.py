@@ -88,6 +88,15 @@ def split_file(arg: str | None, n: int, tmp: Path) -> Path:
     return out
 
 
+def extraction_batches(good, commit_every: int, batch_size: int) -> list[list]:
+    """The token ids of every batch extraction runs, in its order (groups, then batches)."""
+    return [
+        [group[i].input_ids for i in batch]
+        for group in groups_to_do(good, commit_every, set(), set())
+        for batch in batched(group, batch_size)
+    ]
+
+
 def bare_forward(model, batches, pad_id: int, device) -> float:
     start = time.perf_counter()
     with torch.inference_mode():
@@ -145,11 +154,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     }
     commit_every = max(args.batch_size, -(-args.commit_every // args.batch_size) * args.batch_size)
     good, _ = tokenize(target.tokenizer, read_split(data), args.max_tokens)
-    batches = [
-        [group[i].input_ids for i in batch]
-        for group in groups_to_do(good, commit_every, set(), set())
-        for batch in batched(group, args.batch_size)
-    ]
+    batches = extraction_batches(good, commit_every, args.batch_size)
     pad = target.tokenizer.pad_token_id or 0
     tokens = sum(len(g.input_ids) for g in good)
     base = target.model.get_decoder()  # the same stack without the lm_head
@@ -239,7 +244,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             f"{'met' if loop / bb <= 1.10 else 'NOT met'})"
             + (f"; / full forward {loop / b:.3f}x" if bare else "")
         )
-        paired = sorted((s["total"] - s["setup"]) / x for s, x in zip(rs, bare_base, strict=True))
+        paired = [(s["total"] - s["setup"]) / x for s, x in zip(rs, bare_base, strict=True)]
         print(
             "  each repeat against the forward without lm_head run just before it: "
             + ", ".join(f"{p:.3f}x" for p in paired)

@@ -36,10 +36,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
-from bench_extract import bare_forward, machine, split_file, target_dir, workload_args  # noqa: E402
+from bench_extract import (  # noqa: E402
+    bare_forward,
+    extraction_batches,
+    machine,
+    split_file,
+    target_dir,
+    workload_args,
+)
 
-from eyrie.extract.job import batches as batched  # noqa: E402
-from eyrie.extract.job import groups_to_do  # noqa: E402
 from eyrie.extract.split import read_split, tokenize  # noqa: E402
 from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
@@ -102,11 +107,7 @@ def main(argv=None) -> int:
         good, _ = tokenize(
             target.tokenizer, read_split(split_file(args.data, args.samples, tmp)), 512
         )
-        batches = [
-            [g[i].input_ids for i in b]
-            for g in groups_to_do(good, 64, set(), set())
-            for b in batched(g, args.batch_size)
-        ]
+        batches = extraction_batches(good, 64, args.batch_size)
         base, pad = target.model.get_decoder(), target.tokenizer.pad_token_id or 0
         os.sched_setaffinity(0, {fwd})
         for _ in range(2):  # every batch shape once: a first pass is several times slower

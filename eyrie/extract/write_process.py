@@ -37,10 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
+from eyrie.common.disk_full import human
 from eyrie.extract.job import batches
 from eyrie.extract.split import ExtractError
 from eyrie.store.remote_writer import store_group
-from eyrie.store.slabs import Slab, aligned, available_memory, gib, supported
+from eyrie.store.slabs import Slab, aligned, available_memory, supported
 
 log = logging.getLogger("eyrie.extract.write_process")
 __all__ = ["WriterProcess", "WriterProcessError", "store_group", "use_writer_process"]
@@ -167,7 +168,7 @@ class WriterProcess:
 
     def _check_memory(self, groups: int) -> None:
         """Fail before any capture where the slabs cannot fit in what memory is left."""
-        slab = self._slab_bytes + self._slab_bytes // 8  # as slab_for makes them
+        slab = with_margin(self._slab_bytes)  # as slab_for makes them
         count = min(self._max_slabs, groups)
         free = available_memory()
         log.info(
@@ -175,14 +176,14 @@ class WriterProcess:
             "group's states, padded by batch); %s available",
             self.path,
             count,
-            gib(slab),
-            "unknown" if free is None else gib(free),
+            human(slab),
+            "unknown" if free is None else human(free),
         )
         if free is not None and count * slab > free:
             raise ExtractError(
-                f"{self.path}: the writer process needs up to {gib(count * slab)} of host memory "
-                f"({count} slabs of {gib(slab)}: the largest commit group's states, padded by "
-                f"batch, locked for the GPU's copies) and this job has {gib(free)} left; lower "
+                f"{self.path}: the writer process needs up to {human(count * slab)} of host memory "
+                f"({count} slabs of {human(slab)}: the largest commit group's states, padded by "
+                f"batch, locked for the GPU's copies) and this job has {human(free)} left; lower "
                 "dataset.max_tokens or the samples per commit (eyrie extract --commit-every), "
                 "or give the job more memory (on a cluster: resources.gpu.mem_mb)"
             )
@@ -225,8 +226,8 @@ class WriterProcess:
                 size = max(need, self._slab_bytes)
                 self._slab_bytes = size
                 slab = spare_slab(size, self._cuda)
-                if slab is None:  # an eighth more than the plan: a margin, not a need
-                    slab = Slab(size + size // 8)
+                if slab is None:
+                    slab = Slab(with_margin(size))
                     if self._cuda:
                         slab.register_cuda()
                 self._slabs.append(slab)
@@ -246,10 +247,10 @@ class WriterProcess:
             # the group's token ids and masks go in one piece each (a copy per sample held
             # the interpreter the forward launches its kernels from); each sample's place is
             # its stretch of that piece
-            ids_at, masks_at = (
-                slab.put(np.concatenate([np.asarray(row[k], dtype=dtype) for row in rows]))[0]
+            ids_piece, masks_piece = (
+                slab.put(np.concatenate([np.asarray(row[k], dtype=dtype) for row in rows]))
                 if rows
-                else 0
+                else None
                 for k, dtype in ((2, np.int32), (3, np.uint8))
             )
             items, start = [], 0
@@ -259,8 +260,8 @@ class WriterProcess:
                     {
                         "line": int(line),
                         "id": sample_id,
-                        "ids": [ids_at + 4 * start, "<i4", [n]],
-                        "mask": [masks_at + start, "|u1", [n]],
+                        "ids": stretch(ids_piece, start, n),
+                        "mask": stretch(masks_piece, start, n),
                         "aux": slab.place_of(aux),
                         "final": slab.place_of(final),
                         "finite": bool(known[0]) if known else None,
@@ -309,6 +310,17 @@ class WriterProcess:
         self._slabs, self._free = [], []
         while len(_SPARE) > SPARE_MAX:
             _SPARE.pop(0).close()
+
+
+def stretch(place: list, start: int, n: int) -> list:
+    """The place of elements [start, start + n) of a 1-D piece at `place` (Slab.put's)."""
+    at, dtype, _ = place
+    return [at + start * np.dtype(dtype).itemsize, dtype, [n]]
+
+
+def with_margin(nbytes: int) -> int:
+    """A new slab's size for `nbytes` planned: an eighth more, a margin, not a need."""
+    return nbytes + nbytes // 8
 
 
 def spare_slab(need: int, cuda: bool) -> Slab | None:

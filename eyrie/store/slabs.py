@@ -64,10 +64,6 @@ def available_memory(
     return min(found) if found else None
 
 
-def gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
-
-
 class SlabFull(RuntimeError):
     """More was allocated from a slab than it was sized for (a sizing bug, never user input)."""
 

@@ -13,7 +13,12 @@ by the extract job itself (eyrie.extract.job), without its setup (model load, to
 hashing): capture (forward with hooks up to the final norm, copies to the CPU) plus write (bf16
 bits, compression, commits). Both use the same loaded, warmed-up model; runs alternate and the
 median of each is reported, with the machine. On a shared machine, run it when nothing else
-does: the ratio is only as steady as the CPU is free.
+does: the ratio is only as steady as the CPU is free. Each extraction is paired with a bare
+forward run just before it (a few seconds apart: the job's setup lies between), and each pair's
+ratio is printed with the CPU time the hypervisor took from the machine meanwhile (/proc/stat
+"steal"); the median of the pairs is the figure least moved by a host whose speed drifts.
+`--interrupts` also prints where the interrupts landed; `--forward-cpu` moves the pinned forward
+thread to another CPU.
 
 `--writer-process false true` runs the job's writer as a thread and as a process of its own
 (extract.writer_process; the process's own time in store_group is printed as "writer process
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -97,7 +103,14 @@ def extraction_batches(good, commit_every: int, batch_size: int) -> list[list]:
     ]
 
 
-def bare_forward(model, batches, pad_id: int, device) -> float:
+def bare_forward(model, batches, pad_id: int, device, *, pinned: bool = False) -> float:
+    """Seconds of `model` over `batches`, nothing kept.
+
+    pinned: the inputs go to the GPU from pinned memory without waiting (as extraction sends
+    them), so the host queues the next batch while the GPU runs this one; otherwise each
+    batch's plain copy waits for the GPU to finish the one before.
+    """
+    cuda = pinned and device.type == "cuda"
     start = time.perf_counter()
     with torch.inference_mode():
         for seqs in batches:
@@ -106,7 +119,13 @@ def bare_forward(model, batches, pad_id: int, device) -> float:
             for r, s in enumerate(seqs):
                 ids[r, : len(s)] = torch.as_tensor(s.astype(np.int64))
                 mask[r, : len(s)] = 1
-            model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+            if cuda:
+                ids, mask = ids.pin_memory(), mask.pin_memory()
+            model(
+                input_ids=ids.to(device, non_blocking=cuda),
+                attention_mask=mask.to(device, non_blocking=cuda),
+                use_cache=False,
+            )
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
@@ -144,6 +163,70 @@ def build_realistic(out: Path, layers: int, device: str) -> Path:
     return out
 
 
+def interrupts() -> dict[str, list[int]]:
+    """/proc/interrupts: each source's count per CPU (empty where the file is absent)."""
+    try:
+        lines = Path("/proc/interrupts").read_text().splitlines()
+    except OSError:
+        return {}
+    cpus = len(lines[0].split())
+    out = {}
+    for line in lines[1:]:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        counts = [int(f) for f in fields[:cpus] if f.isdigit()]
+        if len(counts) == cpus:
+            out[f"{name.strip()} {' '.join(fields[cpus:])}".strip()] = counts
+    return out
+
+
+def interrupts_since(before: dict, forward_cpu: int | None) -> str:
+    """Interrupts per CPU since `before`, and the sources that hit the forward's CPU most."""
+    after = interrupts()
+    if not after:
+        return "no /proc/interrupts"
+    delta = {
+        k: [a - b for a, b in zip(v, before.get(k, [0] * len(v)), strict=True)]
+        for k, v in after.items()
+    }
+    per_cpu = [sum(col) for col in zip(*delta.values(), strict=True)]
+    text = "interrupts per CPU: " + " ".join(f"{c}:{n}" for c, n in enumerate(per_cpu))
+    if forward_cpu is not None and forward_cpu < len(per_cpu):
+        top = sorted(delta.items(), key=lambda kv: -kv[1][forward_cpu])[:4]
+        text += f"; on the forward's CPU {forward_cpu}: " + ", ".join(
+            f"{v[forward_cpu]} {k[:60]}" for k, v in top if v[forward_cpu]
+        )
+    return text
+
+
+def steal_seconds(since: float = 0.0) -> float:
+    """CPU seconds the hypervisor has taken from this machine's CPUs (/proc/stat "steal",
+    summed over CPUs), minus `since`; 0 where it is not reported."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") - since
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def pin_forward_to(cpu: int) -> None:
+    """Make extraction's pin plan put the forward thread on `cpu` (-1: the highest allowed)."""
+    import os
+
+    import eyrie.extract.shard as shard_module
+    from eyrie.extract.cpus import forward_cpu_plan
+
+    def plan(setting, **kwargs):
+        chosen = forward_cpu_plan(setting, **kwargs)
+        if chosen is None:
+            return None
+        allowed = os.sched_getaffinity(0)
+        pick = max(allowed) if cpu < 0 else cpu
+        return pick, allowed - {pick}
+
+    shard_module.forward_cpu_plan = plan
+
+
 def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     target = load_target(target_path, device=args.device)
     capture = {
@@ -174,16 +257,22 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         for st in args.shard_tokens
         for q in args.writer_queue
     ]
-    bare, bare_base, runs = [], [], {v: [] for v in variants}
+    bare, bare_base, bare_pinned, runs = [], [], [], {v: [] for v in variants}
     for r in range(args.repeats):
         if not args.skip_full_forward:
             bare.append(bare_forward(target.model, batches, pad, target.device))
-        bare_base.append(bare_forward(base, batches, pad, target.device))
         for q, st, enc, wt, wp, pf in variants:
+            # a bare forward right before each extraction: its pair, a few seconds apart
+            stolen = steal_seconds()
+            bare_base.append(bare_forward(base, batches, pad, target.device))
+            bare_pinned.append(bare_forward(base, batches, pad, target.device, pinned=True))
+            bare_stolen = steal_seconds(since=stolen)
             extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
             extract.update(shard_encoder=enc, writer_threads=wt, writer_process=wp)
             extract.update(pin_forward=pf)
             out_dir = tmp / f"{label}-{name_of(q, st, enc, wt, wp, pf)}-run{r}"
+            irq_before = interrupts() if args.interrupts else None
+            stolen = steal_seconds()
             out = extract_shard(
                 data_path=data,
                 target_path=target_path,
@@ -200,9 +289,32 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
                 writer_queue=q,
                 weights_cache=tmp / f"{label}-weights-sha256.json",
             )
+            run_stolen = steal_seconds(since=stolen)
+            loop = out.seconds["total"] - out.seconds["setup"]
+            print(
+                f"  {name_of(q, st, enc, wt, wp, pf)} run {r}: bare {bare_base[-1]:.3f} s, "
+                f"bare with pinned inputs {bare_pinned[-1]:.3f} s, extraction {loop:.3f} s "
+                f"({loop / bare_base[-1]:.3f}x, {loop / bare_pinned[-1]:.3f}x); CPU time the "
+                f"host took from this machine: {bare_stolen:.2f} s during the bare forwards, "
+                f"{run_stolen:.2f} s during the extraction with its setup",
+                flush=True,
+            )
+            if irq_before is not None:
+                allowed = os.sched_getaffinity(0)
+                fwd = None if pf is False else min(allowed)
+                if fwd is not None and args.forward_cpu is not None:
+                    fwd = args.forward_cpu if args.forward_cpu >= 0 else max(allowed)
+                print(
+                    f"  {name_of(q, st, enc, wt, wp, pf)} run {r}: "
+                    + interrupts_since(irq_before, fwd),
+                    flush=True,
+                )
             stored = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
             shutil.rmtree(out_dir)
-            runs[q, st, enc, wt, wp, pf].append({**out.seconds, "stored": stored})
+            runs[q, st, enc, wt, wp, pf].append(
+                {**out.seconds, "stored": stored, "bare_base": bare_base[-1]}
+                | {"bare_pinned": bare_pinned[-1]}
+            )
 
     med = statistics.median
     bb = med(bare_base)
@@ -221,6 +333,8 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     if bare:
         print(f"bare forward (full model):      {b:8.3f} s  {tokens / b:10.0f} tok/s")
     print(f"bare forward (no lm_head):      {bb:8.3f} s  {tokens / bb:10.0f} tok/s")
+    bp = med(bare_pinned)
+    print(f"  the same, inputs pinned:      {bp:8.3f} s  {tokens / bp:10.0f} tok/s")
     result = {"tokens": tokens, "bare": b, "bare_base": bb}
     for (q, st, enc, wt, wp, pf), rs in runs.items():
         how = "inline writes" if q == 0 else f"writer thread, queue {q}"
@@ -244,11 +358,18 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             f"{'met' if loop / bb <= 1.10 else 'NOT met'})"
             + (f"; / full forward {loop / b:.3f}x" if bare else "")
         )
-        paired = [(s["total"] - s["setup"]) / x for s, x in zip(rs, bare_base, strict=True)]
+        paired = [(s["total"] - s["setup"]) / s["bare_base"] for s in rs]
+        pinned_pairs = [(s["total"] - s["setup"]) / s["bare_pinned"] for s in rs]
         print(
-            "  each repeat against the forward without lm_head run just before it: "
+            "  each repeat against the forward without lm_head run just before it (its pair): "
             + ", ".join(f"{p:.3f}x" for p in paired)
             + f" (median {med(paired):.3f}x)"
+        )
+        print(
+            "  each repeat against its pair with pinned inputs: "
+            + ", ".join(f"{p:.3f}x" for p in pinned_pairs)
+            + f" (median {med(pinned_pairs):.3f}x; goal <= 1.10x: "
+            + f"{'met' if med(pinned_pairs) <= 1.10 else 'NOT met'})"
         )
         result[name_of(q, st, enc, wt, wp, pf)] = loop
     first = name_of(*variants[0])
@@ -351,7 +472,21 @@ def main(argv=None) -> int:
         help="sys.setswitchinterval for the run (seconds; Python's default is 0.005): how "
         "often the forward and writer threads trade the GIL",
     )
+    ap.add_argument(
+        "--forward-cpu",
+        type=int,
+        help="where pinning is on, the forward thread's CPU (-1: the highest the job may use; "
+        "default: extract.pin_forward's own choice, the lowest)",
+    )
+    ap.add_argument(
+        "--interrupts",
+        action="store_true",
+        help="print each extraction's interrupts per CPU (/proc/interrupts) and those that hit "
+        "the forward's CPU most",
+    )
     args = ap.parse_args(argv)
+    if args.forward_cpu is not None:
+        pin_forward_to(args.forward_cpu)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.switch_interval:

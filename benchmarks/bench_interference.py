@@ -13,7 +13,10 @@ larger than most effects. Kinds:
 - zstd: Blosc zstd-1 with byte shuffle and 1 MiB blocks on bf16-like data (the store's codec),
   one thread per process;
 - writer: benchmarks/bench_writer.py at the toy's shape with 8 threads (the store's own writer,
-  compression, checksums, file writes and fsync), one process over the given CPUs.
+  compression, checksums, file writes and fsync), one process over the given CPUs, cycling 4
+  samples (which stay in the CPU's caches);
+- writer-fresh: the same writer over 1,536 distinct samples (368 MB of states, far more than
+  the caches hold), as extraction hands it states it has never read.
 
 `--probe` also runs one spinner on each other CPU in turn, paired the same way: a CPU whose
 spinner slows the forward more than the others shares a physical core with CPU 0 (a sibling
@@ -62,18 +65,22 @@ LOOPS = {
 WRITER = (
     "import runpy, sys\nsys.argv = ['bench_writer', '--hidden', '256', '--tokens', '117', "
     "'--samples', '1536', '--commit-every', '64', '--threads', '8', '--repeats', '1000', "
-    "'--shard-tokens', '4096', '--as-extractor']\n"
+    "'--shard-tokens', '4096', '--as-extractor', '--distinct', '{distinct}']\n"
     "runpy.run_path('benchmarks/bench_writer.py', run_name='__main__')"
 )
+KINDS = ("spin", "cache", "dram", "zstd", "writer", "writer-fresh")
 
 
 def start(kind: str, cpus: list[int]) -> list[subprocess.Popen]:
-    if kind == "writer":
-        code = f"import os\nos.sched_setaffinity(0, {set(cpus)})\n{WRITER}"
+    if kind.startswith("writer"):  # writer-fresh: 1,536 distinct samples, none left in cache
+        distinct = 1536 if kind == "writer-fresh" else 4
+        code = f"import os\nos.sched_setaffinity(0, {set(cpus)})\n" + WRITER.format(
+            distinct=distinct
+        )
         procs = [
             subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL)
         ]
-        time.sleep(15)  # it builds its samples first: let it reach its commits
+        time.sleep(15 if distinct == 4 else 40)  # it builds its samples first
         return procs
     procs = [
         subprocess.Popen(
@@ -94,6 +101,7 @@ def main(argv=None) -> int:
     ap = workload_args(__doc__.splitlines()[0], samples=384)
     ap.add_argument("--pairs", type=int, default=5, help="paired passes per kind")
     ap.add_argument("--probe", action="store_true", help="one spinner on each CPU in turn")
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS[:5]), choices=KINDS)
     args = ap.parse_args(argv)
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
@@ -137,11 +145,9 @@ def main(argv=None) -> int:
                 flush=True,
             )
 
-        paired("spin", rest, args.pairs)
         half = rest[len(rest) // 2 :] if len(rest) >= 8 else rest
-        for kind in ("cache", "dram", "zstd"):
-            paired(kind, half, args.pairs)
-        paired("writer", rest, args.pairs)
+        for kind in args.kinds:
+            paired(kind, half if kind in ("cache", "dram", "zstd") else rest, args.pairs)
         if args.probe:
             for cpu in rest:
                 paired("spin", [cpu], 3)

@@ -18,7 +18,9 @@ forward run just before it (a few seconds apart: the job's setup lies between), 
 ratio is printed with the CPU time the hypervisor took from the machine meanwhile (/proc/stat
 "steal"); the median of the pairs is the figure least moved by a host whose speed drifts.
 `--interrupts` also prints where the interrupts landed; `--forward-cpu` moves the pinned forward
-thread to another CPU.
+thread to another CPU. `--writer-process dry-reply dry-touch dry-encode` runs the job with a
+stand-in writer process (benchmarks/dry_writer.py) that answers without storing, only reads the
+states, or only compresses them: what is left of the ratio then is the job's own side.
 
 `--writer-process false true` runs the job's writer as a thread and as a process of its own
 (extract.writer_process; the process's own time in store_group is printed as "writer process
@@ -268,7 +270,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             bare_pinned.append(bare_forward(base, batches, pad, target.device, pinned=True))
             bare_stolen = steal_seconds(since=stolen)
             extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
-            extract.update(shard_encoder=enc, writer_threads=wt, writer_process=wp)
+            extract.update(shard_encoder=enc, writer_threads=wt, writer_process=dry_child(wp))
             extract.update(pin_forward=pf)
             out_dir = tmp / f"{label}-{name_of(q, st, enc, wt, wp, pf)}-run{r}"
             irq_before = interrupts() if args.interrupts else None
@@ -393,6 +395,31 @@ def auto_or_bool(text: str):
     return text if text == "auto" else text == "true"
 
 
+def writer_process_arg(text: str):
+    """--writer-process: auto, true, false, or dry-MODE (a stand-in writer process)."""
+    if text.startswith("dry-"):
+        from dry_writer import MODES
+
+        if text[4:] not in MODES:
+            raise argparse.ArgumentTypeError(f"{text!r}: dry- takes one of {MODES}")
+        return text
+    return auto_or_bool(text)
+
+
+def dry_child(setting):
+    """extract.writer_process for `setting`, with the stand-in writer process in place for
+    dry-MODE (benchmarks/dry_writer.py) and the real one otherwise."""
+    import eyrie.extract.write_process as write_process
+
+    if isinstance(setting, str) and setting.startswith("dry-"):
+        os.environ["EYRIE_BENCH_DRY_WRITER"] = setting[4:]
+        write_process.CHILD = "dry_writer"
+        return True
+    os.environ.pop("EYRIE_BENCH_DRY_WRITER", None)
+    write_process.CHILD = "eyrie.store.remote_writer"
+    return setting
+
+
 def auto_or_int(text: str):
     """An extract setting given on the command line: "auto" or a whole number."""
     return text if text == "auto" else int(text)
@@ -440,9 +467,10 @@ def main(argv=None) -> int:
         "--writer-process",
         nargs="+",
         default=["auto"],
-        type=auto_or_bool,
+        type=writer_process_arg,
         help="extract.writer_process values to run (auto: a process on CUDA; true; false: "
-        "the writer thread in this process)",
+        "the writer thread in this process; dry-reply, dry-touch, dry-encode: a stand-in "
+        "writer process doing part of the work, benchmarks/dry_writer.py)",
     )
     ap.add_argument(
         "--pin-forward",

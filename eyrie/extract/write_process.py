@@ -45,6 +45,9 @@ from eyrie.store.slabs import Slab, aligned, available_memory, supported
 
 log = logging.getLogger("eyrie.extract.write_process")
 __all__ = ["WriterProcess", "WriterProcessError", "store_group", "use_writer_process"]
+# The module the writer process runs (python -m); benchmarks/bench_extract.py swaps in a stand-in
+# that does part of the writer's work, to time the rest of the job without it.
+CHILD = "eyrie.store.remote_writer"
 # Slabs of finished writer processes, kept for the next one in this process (registering
 # memory with CUDA costs about as much as torch's pinned allocations, which torch caches too):
 # a job that extracts several shards, or a benchmark, pays it once.
@@ -97,7 +100,7 @@ class WriterProcess:
         there = [msg_there.fileno(), fds_there.fileno()]
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *sys.path[1:]])}
-        args = [sys.executable, "-m", "eyrie.store.remote_writer", str(os.getpid()), *there]
+        args = [sys.executable, "-m", CHILD, str(os.getpid()), *there]
         # started from the job's main thread: PR_SET_PDEATHSIG follows the thread that forked
         self._proc = subprocess.Popen(list(map(str, args)), pass_fds=there, env=env)
         msg_there.close()

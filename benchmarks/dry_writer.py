@@ -1,0 +1,53 @@
+"""A stand-in writer process for bench_extract.py: the extract job's writer process doing only
+part of its work, so that a run times the rest of the job without it.
+
+`bench_extract.py --writer-process dry-reply dry-touch dry-encode` starts it in place of
+eyrie.store.remote_writer (eyrie.extract.write_process.CHILD); EYRIE_BENCH_DRY_WRITER says how
+much of each commit group it does:
+
+- reply: nothing; it answers as if every sample were stored (the job's side alone: capture into
+  the shared slabs, the job's writer thread, the messages);
+- touch: reads every byte of the group's states once (the memory traffic of fresh data);
+- encode: compresses every state with the store's codec (Blosc zstd-1, byte shuffle, 1 MiB
+  blocks) on 8 threads, and writes nothing.
+
+The store it leaves holds no samples; it is a timing device, never a store.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numcodecs import Blosc
+
+from eyrie.store import remote_writer
+
+MODES = ("reply", "touch", "encode")
+_POOL = ThreadPoolExecutor(8)
+_CODEC = Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=1 << 20)
+
+
+def dry_store_group(writer, rows) -> dict:
+    mode = os.environ.get("EYRIE_BENCH_DRY_WRITER", "reply")
+    states = [x for row in rows for x in row[4:6]]
+    if mode == "touch":
+        for x in states:
+            np.bitwise_or.reduce(x.reshape(-1))
+    elif mode == "encode":
+        list(_POOL.map(_CODEC.encode, states))
+    return {
+        "stored": [row[0] for row in rows],
+        "stored_ids": [row[1] for row in rows],
+        "non_finite": [],
+        "tokens": sum(len(row[2]) for row in rows),
+    }
+
+
+if __name__ == "__main__":
+    if os.environ.get("EYRIE_BENCH_DRY_WRITER") not in MODES:
+        raise SystemExit(f"EYRIE_BENCH_DRY_WRITER must be one of {MODES}")
+    remote_writer.store_group = dry_store_group
+    sys.exit(remote_writer.main(sys.argv[1:]))

@@ -213,8 +213,6 @@ def steal_seconds(since: float = 0.0) -> float:
 
 def pin_forward_to(cpu: int) -> None:
     """Make extraction's pin plan put the forward thread on `cpu` (-1: the highest allowed)."""
-    import os
-
     import eyrie.extract.shard as shard_module
     from eyrie.extract.cpus import forward_cpu_plan
 
@@ -314,8 +312,12 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             stored = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
             shutil.rmtree(out_dir)
             runs[q, st, enc, wt, wp, pf].append(
-                {**out.seconds, "stored": stored, "bare_base": bare_base[-1]}
-                | {"bare_pinned": bare_pinned[-1]}
+                {
+                    **out.seconds,
+                    "stored": stored,
+                    "bare_base": bare_base[-1],
+                    "bare_pinned": bare_pinned[-1],
+                }
             )
 
     med = statistics.median

@@ -39,15 +39,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
+import bench_extract as bench  # noqa: E402
 from bench_capture import capture_loop, sync  # noqa: E402
-from bench_extract import (  # noqa: E402
-    bare_forward,
-    extraction_batches,
-    machine,
-    split_file,
-    target_dir,
-    workload_args,
-)
 
 from eyrie.extract.hf import HFCapture  # noqa: E402
 from eyrie.extract.split import read_split, resolve_aux_layer_ids, tokenize  # noqa: E402
@@ -197,19 +190,19 @@ def largest_difference(target, aux_ids, runner: Bucketed, batches, pad: int) -> 
 
 
 def main(argv=None) -> int:
-    ap = workload_args(__doc__.splitlines()[0], samples=1536)
+    ap = bench.workload_args(__doc__.splitlines()[0], samples=1536)
     ap.add_argument("--bucket", type=int, default=64, help="tokens a batch is padded up to")
     args = ap.parse_args(argv)
-    print(f"machine:  {machine(resolve_device(args.device).type)}")
+    print(f"machine:  {bench.machine(resolve_device(args.device).type)}")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        target = load_target(target_dir(args.target, tmp), device=args.device)
+        target = load_target(bench.target_dir(args.target, tmp), device=args.device)
         good, _ = tokenize(
             target.tokenizer,
-            read_split(split_file(args.data, args.samples, tmp)),
+            read_split(bench.split_file(args.data, args.samples, tmp)),
             args.max_tokens,
         )
-        batches = extraction_batches(good, 64, args.batch_size)
+        batches = bench.extraction_batches(good, 64, args.batch_size)
         layers = target.model.config.get_text_config().num_hidden_layers
         aux_ids = resolve_aux_layer_ids(None, layers)
         decoder, pad = target.model.get_decoder(), target.tokenizer.pad_token_id or 0
@@ -224,7 +217,7 @@ def main(argv=None) -> int:
             f"aux layers {aux_ids}, buckets of {args.bucket} tokens"
         )
         start = time.perf_counter()  # every shape once: eager's first pass, the graphs' capture
-        bare_forward(decoder, batches, pad, target.device)
+        bench.bare_forward(decoder, batches, pad, target.device)
         capture_loop(target, batches, aux_ids, "pinned")
         for runner in runners.values():
             bucketed_loop(runner, batches)
@@ -238,9 +231,10 @@ def main(argv=None) -> int:
         )
         rows = []
         for r in range(args.repeats):
+            device = target.device
             times = {
-                "bare": bare_forward(decoder, batches, pad, target.device),
-                "bare_pinned": bare_forward(decoder, batches, pad, target.device, pinned=True),
+                "bare": bench.bare_forward(decoder, batches, pad, device),
+                "bare_pinned": bench.bare_forward(decoder, batches, pad, device, pinned=True),
                 "capture": capture_loop(target, batches, aux_ids, "pinned"),
                 "graph_bare": bucketed_loop(runners["bare"], batches),
                 "graph_capture": bucketed_loop(runners["capture"], batches),

@@ -105,6 +105,19 @@ def extraction_batches(good, commit_every: int, batch_size: int) -> list[list]:
     ]
 
 
+def padded_batch(seqs, pad_id: int, rows: int | None = None, width: int | None = None):
+    """(token ids, mask) of `seqs` right-padded to `width` tokens (default: the longest) and
+    `rows` rows (default: one per sequence), as extraction pads its batches."""
+    rows = len(seqs) if rows is None else rows
+    width = max(map(len, seqs)) if width is None else width
+    ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
+        mask[r, : len(s)] = 1
+    return ids, mask
+
+
 def bare_forward(model, batches, pad_id: int, device, *, pinned: bool = False) -> float:
     """Seconds of `model` over `batches`, nothing kept.
 
@@ -116,11 +129,7 @@ def bare_forward(model, batches, pad_id: int, device, *, pinned: bool = False) -
     start = time.perf_counter()
     with torch.inference_mode():
         for seqs in batches:
-            ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for r, s in enumerate(seqs):
-                ids[r, : len(s)] = torch.as_tensor(s.astype(np.int64))
-                mask[r, : len(s)] = 1
+            ids, mask = padded_batch(seqs, pad_id)
             if cuda:
                 ids, mask = ids.pin_memory(), mask.pin_memory()
             model(
@@ -227,6 +236,21 @@ def pin_forward_to(cpu: int) -> None:
     shard_module.forward_cpu_plan = plan
 
 
+def forward_cpu(extract: dict, writer_queue: int, device_type: str) -> int | None:
+    """The CPU the extraction's forward thread was pinned to, from the plan the job makes
+    (eyrie.extract.shard, with --forward-cpu's replacement in place), or None."""
+    import eyrie.extract.shard as shard_module
+    from eyrie.extract.write_process import use_writer_process
+
+    process = writer_queue > 0 and use_writer_process(
+        extract.get("writer_process", "auto"), device_type, "hf"
+    )
+    plan = shard_module.forward_cpu_plan(
+        extract.get("pin_forward", "auto"), writer_process=process, device_type=device_type
+    )
+    return plan[0] if plan is not None and writer_queue > 0 else None
+
+
 def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     target = load_target(target_path, device=args.device)
     capture = {
@@ -300,10 +324,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
                 flush=True,
             )
             if irq_before is not None:
-                allowed = os.sched_getaffinity(0)
-                fwd = None if pf is False else min(allowed)
-                if fwd is not None and args.forward_cpu is not None:
-                    fwd = args.forward_cpu if args.forward_cpu >= 0 else max(allowed)
+                fwd = forward_cpu(extract, q, target.device.type)
                 print(
                     f"  {name_of(q, st, enc, wt, wp, pf)} run {r}: "
                     + interrupts_since(irq_before, fwd),

@@ -103,12 +103,8 @@ class Bucketed:
 
     def inputs(self, seqs) -> tuple[torch.Tensor, torch.Tensor, int]:
         t = bucket_of(max(map(len, seqs)), self.bucket)
-        ids = torch.full((self.batch, t), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
+        ids, mask = bench.padded_batch(seqs, self.pad_id, rows=self.batch, width=t)
         mask[len(seqs) :, 0] = 1  # rows that pad the batch see one token: no row is all masked
-        for r, s in enumerate(seqs):
-            ids[r, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
-            mask[r, : len(s)] = 1
         return ids, mask, t
 
     def graph_for(self, t: int) -> tuple:
@@ -229,9 +225,8 @@ def main(argv=None) -> int:
             f"graphs vs eager capture, real tokens of 8 batches: {differing} of {total} values "
             f"differ, by at most {steps} bf16 steps and {scaled:.1e} of the state's largest |value|"
         )
-        rows = []
+        rows, device = [], target.device
         for r in range(args.repeats):
-            device = target.device
             times = {
                 "bare": bench.bare_forward(decoder, batches, pad, device),
                 "bare_pinned": bench.bare_forward(decoder, batches, pad, device, pinned=True),

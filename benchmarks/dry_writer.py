@@ -26,17 +26,17 @@ from numcodecs import Blosc
 from eyrie.store import remote_writer
 
 MODES = ("reply", "touch", "encode")
+MODE = os.environ.get("EYRIE_BENCH_DRY_WRITER")  # read once: the job sets it before the start
 _POOL = ThreadPoolExecutor(8)
 _CODEC = Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=1 << 20)
 
 
 def dry_store_group(writer, rows) -> dict:
-    mode = os.environ.get("EYRIE_BENCH_DRY_WRITER", "reply")
     states = [x for row in rows for x in row[4:6]]
-    if mode == "touch":
+    if MODE == "touch":
         for x in states:
             np.bitwise_or.reduce(x.reshape(-1))
-    elif mode == "encode":
+    elif MODE == "encode":
         list(_POOL.map(_CODEC.encode, states))
     return {
         "stored": [row[0] for row in rows],
@@ -47,7 +47,7 @@ def dry_store_group(writer, rows) -> dict:
 
 
 if __name__ == "__main__":
-    if os.environ.get("EYRIE_BENCH_DRY_WRITER") not in MODES:
+    if MODE not in MODES:
         raise SystemExit(f"EYRIE_BENCH_DRY_WRITER must be one of {MODES}")
     remote_writer.store_group = dry_store_group
     sys.exit(remote_writer.main(sys.argv[1:]))

@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tiny_target, for a stand-in when toy-llama is absent
 
 from eyrie.common.provenance import machine as provenance_machine  # noqa: E402
+from eyrie.extract.graphs import GraphForward, attention_mask_4d  # noqa: E402
 from eyrie.extract.job import batches as batched  # noqa: E402
 from eyrie.extract.job import groups_to_do  # noqa: E402
 from eyrie.extract.shard import extract_shard  # noqa: E402
@@ -139,6 +140,32 @@ def bare_forward(model, batches, pad_id: int, device, *, pinned: bool = False) -
             )
     if device.type == "cuda":
         torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def bare_graphs(decoder, batch_size: int, pad_id: int, device) -> GraphForward:
+    """The stack without lm_head as extraction's graphs run it (same buckets, same 4-D mask),
+    nothing captured: what a forward in CUDA graphs costs with no states kept."""
+    additive = decoder.config._attn_implementation == "eager"
+    dtype = next(decoder.parameters()).dtype if additive else None
+
+    def body(ids, mask):
+        keep = attention_mask_4d(mask, dtype)
+        return (decoder(input_ids=ids, attention_mask=keep, use_cache=False).last_hidden_state,)
+
+    return GraphForward(
+        body, batch_size=batch_size, bucket_tokens=64, pad_token_id=pad_id, device=device
+    )
+
+
+def graph_loop(graphs: GraphForward, batches) -> float:
+    """Seconds of `graphs` over `batches` (inputs from pinned memory, nothing kept)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for seqs in batches:
+            graphs.run(*padded_batch(seqs, graphs.pad_token_id))
+    torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -272,8 +299,13 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         bare_forward(target.model, batches[:2], pad, target.device)
     bare_forward(base, batches, pad, target.device)
 
+    graph_bare = None  # the same stack replayed as CUDA graphs: the baseline graphs must beat
+    if target.device.type == "cuda":
+        graph_bare = bare_graphs(base, args.batch_size, pad, target.device)
+        graph_loop(graph_bare, batches)  # captures every bucket's graph once
     variants = [
-        (q, st, e, wt, wp, pf)
+        (q, st, e, wt, wp, pf, cg)
+        for cg in args.cuda_graphs
         for pf in args.pin_forward
         for wp in args.writer_process
         for wt in args.writer_threads
@@ -282,19 +314,23 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         for q in args.writer_queue
     ]
     bare, bare_base, bare_pinned, runs = [], [], [], {v: [] for v in variants}
+    bare_graph = []
     for r in range(args.repeats):
         if not args.skip_full_forward:
             bare.append(bare_forward(target.model, batches, pad, target.device))
-        for q, st, enc, wt, wp, pf in variants:
+        for variant in variants:
+            q, st, enc, wt, wp, pf, cg = variant
             # a bare forward right before each extraction: its pair, a few seconds apart
             stolen = steal_seconds()
             bare_base.append(bare_forward(base, batches, pad, target.device))
             bare_pinned.append(bare_forward(base, batches, pad, target.device, pinned=True))
+            if graph_bare is not None:
+                bare_graph.append(graph_loop(graph_bare, batches))
             bare_stolen = steal_seconds(since=stolen)
             extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
             extract.update(shard_encoder=enc, writer_threads=wt, writer_process=dry_child(wp))
             extract.update(pin_forward=pf)
-            out_dir = tmp / f"{label}-{name_of(q, st, enc, wt, wp, pf)}-run{r}"
+            out_dir = tmp / f"{label}-{name_of(*variant)}-run{r}"
             irq_before = interrupts() if args.interrupts else None
             stolen = steal_seconds()
             out = extract_shard(
@@ -304,7 +340,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
                 shard=0,
                 out_store=out_dir / "shard-000.zarr",
                 errors_csv=out_dir / "shard-000.errors.csv",
-                capture=capture,
+                capture={**capture, "cuda_graphs": cg},
                 extract=extract,
                 max_tokens=args.max_tokens,
                 commit_every=args.commit_every,
@@ -315,9 +351,12 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             )
             run_stolen = steal_seconds(since=stolen)
             loop = out.seconds["total"] - out.seconds["setup"]
+            graphs = out.seconds.get("graph_capture", 0.0)
             print(
-                f"  {name_of(q, st, enc, wt, wp, pf)} run {r}: bare {bare_base[-1]:.3f} s, "
-                f"bare with pinned inputs {bare_pinned[-1]:.3f} s, extraction {loop:.3f} s "
+                f"  {name_of(*variant)} run {r}: bare {bare_base[-1]:.3f} s, "
+                f"bare with pinned inputs {bare_pinned[-1]:.3f} s, "
+                + (f"bare in CUDA graphs {bare_graph[-1]:.3f} s, " if bare_graph else "")
+                + f"extraction {loop:.3f} s, {graphs:.3f} s of it capturing graphs "
                 f"({loop / bare_base[-1]:.3f}x, {loop / bare_pinned[-1]:.3f}x); CPU time the "
                 f"host took from this machine: {bare_stolen:.2f} s during the bare forwards, "
                 f"{run_stolen:.2f} s during the extraction with its setup",
@@ -326,18 +365,19 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             if irq_before is not None:
                 fwd = forward_cpu(extract, q, target.device.type)
                 print(
-                    f"  {name_of(q, st, enc, wt, wp, pf)} run {r}: "
-                    + interrupts_since(irq_before, fwd),
+                    f"  {name_of(*variant)} run {r}: " + interrupts_since(irq_before, fwd),
                     flush=True,
                 )
             stored = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
             shutil.rmtree(out_dir)
-            runs[q, st, enc, wt, wp, pf].append(
+            runs[variant].append(
                 {
+                    "graph_capture": 0.0,
                     **out.seconds,
                     "stored": stored,
                     "bare_base": bare_base[-1],
                     "bare_pinned": bare_pinned[-1],
+                    "bare_graph": bare_graph[-1] if bare_graph else float("nan"),
                 }
             )
 
@@ -360,10 +400,13 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     print(f"bare forward (no lm_head):      {bb:8.3f} s  {tokens / bb:10.0f} tok/s")
     bp = med(bare_pinned)
     print(f"  the same, inputs pinned:      {bp:8.3f} s  {tokens / bp:10.0f} tok/s")
+    if bare_graph:
+        bg = med(bare_graph)
+        print(f"  the same, in CUDA graphs:     {bg:8.3f} s  {tokens / bg:10.0f} tok/s")
     result = {"tokens": tokens, "bare": b, "bare_base": bb}
-    for (q, st, enc, wt, wp, pf), rs in runs.items():
+    for (q, st, enc, wt, wp, pf, cg), rs in runs.items():
         how = "inline writes" if q == 0 else f"writer thread, queue {q}"
-        how += f", writer_process {wp}, pin_forward {pf}"
+        how += f", cuda_graphs {cg}, writer_process {wp}, pin_forward {pf}"
         how += f", {enc} shard files, writer_threads {wt}"
         how += f", shard_tokens {st}" + (
             f" (= {shard_tokens_for(st, 256, hidden, 3)})" if st == "auto" else ""
@@ -396,7 +439,16 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             + f" (median {med(pinned_pairs):.3f}x; goal <= 1.10x: "
             + f"{'met' if med(pinned_pairs) <= 1.10 else 'NOT met'})"
         )
-        result[name_of(q, st, enc, wt, wp, pf)] = loop
+        if bare_graph:
+            graph_pairs = [(s["total"] - s["setup"]) / s["bare_graph"] for s in rs]
+            less = [(s["total"] - s["setup"] - s["graph_capture"]) / s["bare_graph"] for s in rs]
+            print(
+                "  each repeat against its pair in CUDA graphs: "
+                + ", ".join(f"{p:.3f}x" for p in graph_pairs)
+                + f" (median {med(graph_pairs):.3f}x; without the job's graph captures "
+                + f"{med(less):.3f}x)"
+            )
+        result[name_of(q, st, enc, wt, wp, pf, cg)] = loop
     first = name_of(*variants[0])
     for variant in variants[1:]:
         name = name_of(*variant)
@@ -407,8 +459,8 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     return result
 
 
-def name_of(q, st, enc, wt, wp, pf) -> str:
-    return f"q{q}-s{st}-{enc}-t{wt}-p{wp}-pin{pf}"
+def name_of(q, st, enc, wt, wp, pf, cg) -> str:
+    return f"q{q}-s{st}-{enc}-t{wt}-p{wp}-pin{pf}-g{cg}"
 
 
 def auto_or_bool(text: str):
@@ -502,6 +554,14 @@ def main(argv=None) -> int:
         type=auto_or_bool,
         help="extract.pin_forward values to run (auto: the forward's thread on a CPU of its own "
         "with a CUDA target and the writer process; true; false)",
+    )
+    ap.add_argument(
+        "--cuda-graphs",
+        nargs="+",
+        default=["auto"],
+        type=auto_or_bool,
+        help="capture.cuda_graphs values to run (auto: the forward replayed as CUDA graphs "
+        "where the model allows it; true; false: eager)",
     )
     ap.add_argument(
         "--encoder",

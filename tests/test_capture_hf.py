@@ -42,9 +42,9 @@ def reference(model, seq) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tenso
     return [h[0].float().cpu() for h in out.hidden_states], out.hidden_states[-1][0].float().cpu()
 
 
-def check_against_reference(model, aux_ids):
+def check_against_reference(model, aux_ids, **capture_kw):
     seqs = sequences(model.config.vocab_size)
-    with HFCapture(model, aux_ids, pad_token_id=0) as cap:
+    with HFCapture(model, aux_ids, pad_token_id=0, **capture_kw) as cap:
         got = cap.capture(seqs)
     assert len(got) == len(seqs)
     for seq, (aux, final) in zip(seqs, got, strict=True):

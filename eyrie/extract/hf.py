@@ -12,6 +12,7 @@ that routes around the hooked modules shows up, instead of as silently wrong dat
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from contextlib import contextmanager
 
@@ -19,8 +20,16 @@ import numpy as np
 import torch
 
 from eyrie.common.errors import EyrieError
+from eyrie.extract.graphs import (
+    GraphCaptureFailed,
+    GraphForward,
+    attention_mask_4d,
+    why_not_graphs,
+)
 from eyrie.extract.job import Prepared, batches
 from eyrie.target.layers import check_aux_layer_ids, find_decoder_layers, find_final_norm
+
+log = logging.getLogger("eyrie.extract.hf")
 
 
 class CaptureError(EyrieError, RuntimeError):
@@ -43,6 +52,16 @@ def _first_tensor(output) -> torch.Tensor:
 def _row_views(aux: torch.Tensor, final: torch.Tensor, lengths: list[int]) -> list[tuple]:
     """Each row's real tokens of a padded batch: (aux (T, k, H), final (T, H)) views."""
     return [(aux[r, :n], final[r, :n]) for r, n in enumerate(lengths)]
+
+
+def padded_batch(seqs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids, 0/1 mask) of `seqs`, right-padded to the longest, one row each."""
+    ids = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
+        mask[row, : len(seq)] = 1
+    return ids, mask
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
@@ -81,7 +100,13 @@ class HFCapture:
         *,
         pad_token_id: int | None = 0,
         stop_at_final_norm: bool = True,
+        cuda_graphs: str | bool = False,
+        batch_size: int = 8,
+        bucket_tokens: int = 64,
     ):
+        """cuda_graphs: True runs the forward as graphs (eyrie.extract.graphs) over batches of
+        at most `batch_size` rows padded to multiples of `bucket_tokens`; "auto" does too, but
+        falls back to the eager forward if a graph cannot be captured; False: eager."""
         self.model = model
         self.aux_layer_ids = [int(i) for i in aux_layer_ids]
         self.layers_path, layers = find_decoder_layers(model)
@@ -100,6 +125,27 @@ class HFCapture:
             for j, i in enumerate(self.aux_layer_ids)
         ]
         self._handles.append(norm.register_forward_hook(self._final_hook))
+        self._graphs, self._graphs_required = None, cuda_graphs is True
+        if cuda_graphs:
+            # the decoder without lm_head ends at the final norm: no need to stop it there
+            self.stop = False
+            decoder = model.get_decoder()
+            additive = model.config._attn_implementation == "eager"
+            dtype = next(model.parameters()).dtype if additive else None
+
+            def states(ids, mask):  # static (B, T) inputs: the states as stored, and flags
+                self._aux, self._final = {}, []
+                keep = attention_mask_4d(mask, dtype)
+                decoder(input_ids=ids, attention_mask=keep, use_cache=False)
+                return self._stacked(mask)
+
+            self._graphs = GraphForward(
+                states,
+                batch_size=batch_size,
+                bucket_tokens=bucket_tokens,
+                pad_token_id=self.pad_token_id,
+                device=self._device(),
+            )
 
     def _aux_hook(self, slot: int):
         def hook(module, args, output):
@@ -126,6 +172,51 @@ class HFCapture:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def graph_stats(self) -> tuple[int, float]:
+        """(CUDA graphs captured, seconds spent capturing them)."""
+        g = self._graphs
+        return (0, 0.0) if g is None else (len(g.graphs), g.capture_s)
+
+    def _stacked(self, mask: torch.Tensor) -> tuple:
+        """This pass's aux states stacked (B, T, k, H) and final (B, T, H), bf16 as stored, and
+        on CUDA whether each row is finite over its real tokens (None elsewhere)."""
+        aux, final = self._collect()
+        self._aux, self._final = {}, []
+        stacked, final = _bf16(torch.stack(aux, dim=2)), _bf16(final)
+        if stacked.device.type != "cuda":
+            return stacked, final, None
+        ok = torch.isfinite(stacked).flatten(2).all(-1) & torch.isfinite(final).all(-1)
+        return stacked, final, (ok | (mask == 0)).all(-1)
+
+    def _eager(self, ids, mask, device, cuda: bool) -> tuple:
+        self._aux, self._final = {}, []
+        try:
+            mask_dev = mask.to(device, non_blocking=cuda)
+            self.model(
+                input_ids=ids.to(device, non_blocking=cuda),
+                attention_mask=mask_dev,
+                use_cache=False,
+            )
+        except _StopForward:
+            pass
+        return self._stacked(mask_dev)
+
+    def _states(self, ids, mask, device, cuda: bool) -> tuple:
+        if self._graphs is None:
+            return self._eager(ids, mask, device, cuda)
+        try:
+            return self._graphs.run(ids, mask)
+        except GraphCaptureFailed as exc:
+            if self._graphs_required:
+                raise CaptureError(
+                    f"capture.cuda_graphs is true, but {exc}; set capture.cuda_graphs to auto "
+                    "(falls back to the eager forward) or false"
+                ) from exc
+            log.warning("%s; the forward runs eagerly from here on", exc)
+            self._graphs, self.stop = None, True
+            return self._eager(ids, mask, device, cuda)
+
     def capture(self, sequences: Sequence[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """For each sequence: aux (T, k, H) and final (T, H), bfloat16 on the CPU."""
         if not sequences:
@@ -151,34 +242,14 @@ class HFCapture:
         lengths = [len(s) for s in sequences]
         if min(lengths) == 0:
             raise CaptureError("an empty sequence cannot be captured")
-        ids = torch.full((len(sequences), max(lengths)), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, seq in enumerate(sequences):
-            ids[row, : len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
-            mask[row, : len(seq)] = 1
+        ids, mask = padded_batch(sequences, self.pad_token_id)
         device = self._device()
         cuda = device.type == "cuda"
         if cuda:  # pinned inputs: the copy is queued behind the previous batch, not waited for
             ids, mask = ids.pin_memory(), mask.pin_memory()
-        self._aux, self._final = {}, []
-        try:
-            with torch.inference_mode():
-                mask_dev = mask.to(device, non_blocking=cuda)
-                self.model(
-                    input_ids=ids.to(device, non_blocking=cuda),
-                    attention_mask=mask_dev,
-                    use_cache=False,
-                )
-        except _StopForward:
-            pass
-        aux, final = self._collect()
-        self._aux, self._final = {}, []
+        with torch.inference_mode():
+            stacked, final, finite = self._states(ids, mask, device, cuda)
         if cuda:
-            stacked = _bf16(torch.stack(aux, dim=2))  # (B, T, k, H)
-            final = _bf16(final)  # (B, T, H)
-            # finite per row over its real tokens, on the bf16 values that are stored
-            ok = torch.isfinite(stacked).flatten(2).all(-1) & torch.isfinite(final).all(-1)
-            finite = (ok | (mask_dev == 0)).all(-1)
             bufs = [
                 host(t.shape, t.dtype)
                 if host is not None
@@ -203,8 +274,7 @@ class HFCapture:
                 done.record(copies)
             # each row is a view of its own buffer, which is never reused before its commit
             return Pending(_row_views(*bufs, lengths), done, flags)
-        stacked = torch.stack(aux, dim=2).to("cpu", torch.bfloat16)  # (B, T, k, H)
-        final = final.to("cpu", torch.bfloat16)  # (B, T, H)
+        stacked, final = stacked.cpu(), final.cpu()  # (B, T, k, H), (B, T, H)
         if host is not None:  # one copy into the given buffers; rows are views of them
             bufs = [host(t.shape, t.dtype).copy_(t) for t in (stacked, final)]
             return Pending(_row_views(*bufs, lengths), None)
@@ -243,6 +313,8 @@ class HFBackend:
         self.capture_cfg, self.architecture = capture, architecture
         self.target, self.writer_queue = target, writer_queue
         self.aux_ids: list[int] = []
+        self.graphs: str | bool = False  # capture.cuda_graphs, resolved for the loaded target
+        self._graph_stats = (0, 0.0)  # the last session's (graphs captured, seconds)
 
     def prepare(self, target_path, aux_ids: list[int]):
         from eyrie.target.load import load_target
@@ -252,13 +324,33 @@ class HFBackend:
             self.target = load_target(target_path, device=device, architecture=self.architecture)
         self.aux_ids = aux_ids
         t = self.target
+        # checked before the job tokenizes or starts its writer
+        self.graphs = cuda_graphs_for(
+            self.capture_cfg.get("cuda_graphs", "auto"), t.model, t.device
+        )
         hidden = int(t.model.config.get_text_config().hidden_size)
         return Prepared(t.tokenizer, t.architecture, t.device, t.dtype, hidden)
 
     @contextmanager
     def session(self, todo: bool, batch_size: int):
-        pad_id = self.target.tokenizer.pad_token_id
-        with HFCapture(self.target.model, self.aux_ids, pad_token_id=pad_id) as cap:
+        pad_id, graphs = self.target.tokenizer.pad_token_id, self.graphs
+        bucket = int(self.capture_cfg.get("graph_bucket_tokens", 64))
+        if todo:
+            log.info(
+                "capture forward: %s",
+                f"CUDA graphs, batches padded to multiples of {bucket} tokens"
+                if graphs
+                else f"eager ({why_not_graphs(self.target.model, self.target.device)})",
+            )
+        self._graph_stats = (0, 0.0)
+        with HFCapture(
+            self.target.model,
+            self.aux_ids,
+            pad_token_id=pad_id,
+            cuda_graphs=graphs,
+            batch_size=batch_size,
+            bucket_tokens=bucket,
+        ) as cap:
 
             def submit(group, host=None):
                 captured = [
@@ -276,7 +368,30 @@ class HFBackend:
 
                 return resolve
 
-            yield submit
+            try:
+                yield submit
+            finally:
+                self._graph_stats = cap.graph_stats
 
     def finish(self, outcome) -> None:
-        pass
+        count, seconds = self._graph_stats
+        if count:
+            outcome.seconds["graph_capture"] = seconds
+            log.info("%d CUDA graphs of the forward captured in %.1f s", count, seconds)
+
+
+def cuda_graphs_for(setting, model: torch.nn.Module, device: torch.device) -> str | bool:
+    """capture.cuda_graphs resolved: "auto" where graphs can run (HFCapture falls back to the
+    eager forward if a capture fails), True where they must, False for the eager forward."""
+    if setting in (False, "false"):
+        return False
+    why = why_not_graphs(model, device)
+    if setting in (True, "true"):
+        if why is not None:
+            raise CaptureError(
+                f"capture.cuda_graphs is true, but {why}; set capture.cuda_graphs to auto or false"
+            )
+        return True
+    if setting != "auto":
+        raise CaptureError(f"capture.cuda_graphs: {setting!r}; use auto, true or false")
+    return "auto" if why is None else False

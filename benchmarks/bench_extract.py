@@ -143,7 +143,7 @@ def bare_forward(model, batches, pad_id: int, device, *, pinned: bool = False) -
     return time.perf_counter() - start
 
 
-def bare_graphs(decoder, batch_size: int, pad_id: int, device) -> GraphForward:
+def bare_graphs(decoder, batch_size: int, pad_id: int, device, bucket: int = 64) -> GraphForward:
     """The stack without lm_head as extraction's graphs run it (same buckets, same 4-D mask),
     nothing captured: what a forward in CUDA graphs costs with no states kept."""
     additive = decoder.config._attn_implementation == "eager"
@@ -154,18 +154,22 @@ def bare_graphs(decoder, batch_size: int, pad_id: int, device) -> GraphForward:
         return (decoder(input_ids=ids, attention_mask=keep, use_cache=False).last_hidden_state,)
 
     return GraphForward(
-        body, batch_size=batch_size, bucket_tokens=64, pad_token_id=pad_id, device=device
+        body, batch_size=batch_size, bucket_tokens=bucket, pad_token_id=pad_id, device=device
     )
 
 
 def graph_loop(graphs: GraphForward, batches) -> float:
-    """Seconds of `graphs` over `batches` (inputs from pinned memory, nothing kept)."""
-    torch.cuda.synchronize()
+    """Seconds of `graphs` over `batches` (inputs from pinned memory, nothing kept; on the CPU
+    the bucketed forward runs eagerly)."""
+    cuda = graphs.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     with torch.inference_mode():
         for seqs in batches:
             graphs.run(*padded_batch(seqs, graphs.pad_token_id))
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 

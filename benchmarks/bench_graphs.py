@@ -1,26 +1,25 @@
-"""What CUDA graphs would take off extraction's forward thread: the toy's capture, replayed.
+"""What CUDA graphs take off extraction's forward thread: the toy's capture, replayed.
 
 The toy's forward is bound by one Python thread launching its kernels (benchmarks/RESULTS.md,
 "Pairs a few seconds apart ..."): the capture loop alone costs 1.1-1.3x a bare forward, and the
-bare forward itself is mostly launches. A CUDA graph replays a whole forward, hooks, stacking and
-finite flags included, as one launch. Graphs need fixed shapes, so each batch is padded to a
-bucket of `--bucket` tokens (and to the full batch size); one graph per bucket, captured once.
-The mask goes in as the 4-D boolean mask transformers passes to SDPA as it is (causal and
-padding), built inside the graph from the 2-D one.
+bare forward itself is mostly launches. The job's graphs (eyrie.extract.graphs, set by
+capture.cuda_graphs) replay a whole forward, the aux states' stacking and the finite flags
+included, as one launch per batch; each batch is padded to a bucket of `--bucket` tokens and to
+the full batch size, one graph per bucket, captured once (before the timed loops here).
 
 Loops, alternating in one process, every batch extraction would run (same samples, same order):
 
 - bare forward, eager (the decoder without lm_head, as bench_extract.py's baseline), and the same
   fed from pinned memory;
 - eager capture (eyrie.extract.hf.HFCapture.capture_pending into torch's pinned buffers);
-- bare forward, graphs (the decoder only, bucketed): the fair baseline for graphs;
-- capture, graphs: the decoder with the aux layers' outputs stacked, the final state and the
-  per-row finite flags inside the graph, then copied to pinned buffers as the eager capture does.
+- bare forward, graphs (the decoder only, bucketed: bench_extract.bare_graphs): the fair
+  baseline for graphs;
+- capture, graphs (HFCapture with cuda_graphs=True), into pinned buffers as the eager capture.
 
 It also checks the graphs' states against the eager capture's on the real tokens: how many
 values differ, and by how many bf16 steps at most (bucketing changes shapes and the mask's form,
-so kernels may differ in their last bits). Needs CUDA for the graphs; on the CPU it runs the
-bucketed forward eagerly, which checks the 4-D mask against transformers' own 2-D path.
+so kernels may differ in their last bits). Needs CUDA for the graphs; on the CPU the same
+bucketed forward runs eagerly, which checks the 4-D mask against transformers' own 2-D path.
 
     python benchmarks/bench_graphs.py --device cuda --samples 1536
 """
@@ -42,114 +41,23 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 import bench_extract as bench  # noqa: E402
 from bench_capture import capture_loop, sync  # noqa: E402
 
+from eyrie.extract.graphs import bucket_of  # noqa: E402
 from eyrie.extract.hf import HFCapture  # noqa: E402
 from eyrie.extract.split import read_split, resolve_aux_layer_ids, tokenize  # noqa: E402
 from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
 
-def bucket_of(length: int, bucket: int) -> int:
-    return -(-length // bucket) * bucket
-
-
-class Bucketed:
-    """The decoder over fixed (batch, bucket) shapes, with or without the capture's work."""
-
-    def __init__(self, decoder, aux_ids, batch: int, bucket: int, capture: bool, pad_id: int):
-        self.decoder, self.aux_ids, self.batch, self.bucket = decoder, list(aux_ids), batch, bucket
-        self.capture, self.pad_id = capture, pad_id
-        # sdpa takes the boolean mask as it is; the eager attention adds it to the scores
-        self.additive = decoder.config._attn_implementation == "eager"
-        self.device = next(decoder.parameters()).device
-        self._seen: dict[int, torch.Tensor] = {}
-        self.graphs: dict[int, tuple] = {}  # bucket -> (graph, ids, mask, outputs)
-
-    def _hook(self, slot: int):
-        def hook(module, args, output):
-            self._seen[slot] = output[0] if isinstance(output, tuple) else output
-
-        return hook
-
-    def run(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple:
-        """One forward over static-shaped ids and 2-D mask (B, T): the states and flags."""
-        t = ids.shape[1]
-        causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
-        keep = causal[None, None] & mask[:, None, None, :].bool()
-        if self.additive:
-            dtype = next(self.decoder.parameters()).dtype
-            keep = torch.zeros(keep.shape, dtype=dtype, device=ids.device).masked_fill(
-                ~keep, torch.finfo(dtype).min
-            )
-        # hooks only while this forward runs (on CUDA: while its graph is captured), so the
-        # eager loops timed beside it pay nothing for them
-        layers = self.decoder.layers
-        hooks = (
-            [layers[i].register_forward_hook(self._hook(j)) for j, i in enumerate(self.aux_ids)]
-            if self.capture
-            else []
-        )
-        try:
-            out = self.decoder(input_ids=ids, attention_mask=keep, use_cache=False)
-        finally:
-            for h in hooks:
-                h.remove()
-        final = out.last_hidden_state
-        if not self.capture:
-            return (final,)
-        stacked = torch.stack([self._seen[s] for s in range(len(self.aux_ids))], dim=2)
-        stacked, final = stacked.to(torch.bfloat16), final.to(torch.bfloat16)  # as stored
-        ok = torch.isfinite(stacked).flatten(2).all(-1) & torch.isfinite(final).all(-1)
-        finite = (ok | (mask == 0)).all(-1)
-        return stacked, final, finite
-
-    def inputs(self, seqs) -> tuple[torch.Tensor, torch.Tensor, int]:
-        t = bucket_of(max(map(len, seqs)), self.bucket)
-        ids, mask = bench.padded_batch(seqs, self.pad_id, rows=self.batch, width=t)
-        mask[len(seqs) :, 0] = 1  # rows that pad the batch see one token: no row is all masked
-        return ids, mask, t
-
-    def graph_for(self, t: int) -> tuple:
-        if t not in self.graphs:
-            ids = torch.full((self.batch, t), self.pad_id, dtype=torch.long, device=self.device)
-            mask = torch.ones_like(ids)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):  # warm-up, as torch.cuda.graph asks
-                    self.run(ids, mask)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):  # a pool of its own: replays come in any order
-                outputs = self.run(ids, mask)
-            self.graphs[t] = (graph, ids, mask, outputs)
-        return self.graphs[t]
-
-    def step(self, seqs, keep: bool = False):
-        """One batch: graph replay on CUDA (eager elsewhere); the states copied to pinned
-        host buffers without waiting when capturing. keep: return them (the check)."""
-        ids, mask, t = self.inputs(seqs)
-        cuda = self.device.type == "cuda"
-        if cuda:
-            graph, s_ids, s_mask, outputs = self.graph_for(t)
-            s_ids.copy_(ids.pin_memory(), non_blocking=True)
-            s_mask.copy_(mask.pin_memory(), non_blocking=True)
-            graph.replay()
-        else:
-            outputs = self.run(ids.to(self.device), mask.to(self.device))
-        if not self.capture:
-            return None
-        # on the replay's stream: the next replay of this bucket cannot overwrite them first
-        host = [torch.empty(o.shape, dtype=o.dtype, pin_memory=cuda) for o in outputs]
-        for dst, src in zip(host, outputs, strict=True):
-            dst.copy_(src, non_blocking=cuda)
-        return host if keep else None
-
-
-def bucketed_loop(runner: Bucketed, batches) -> float:
+def graph_capture_loop(cap: HFCapture, batches) -> float:
+    """Seconds of the graphs' capture over `batches`, at most 8 batches' copies in flight."""
     sync()
     start = time.perf_counter()
-    with torch.inference_mode():
-        for seqs in batches:
-            runner.step(seqs)
+    pending = []
+    for batch in batches:
+        pending.append(cap.capture_pending(batch))
+        if len(pending) > 8:
+            pending.pop(0).result()
+    for p in pending:
+        p.result()
     sync()
     return time.perf_counter() - start
 
@@ -160,28 +68,24 @@ def ordered_bits(x: torch.Tensor) -> np.ndarray:
     return np.where(u < 0x8000, u, 0x8000 - u)
 
 
-def largest_difference(target, aux_ids, runner: Bucketed, batches, pad: int) -> tuple:
+def largest_difference(target, aux_ids, graphs: HFCapture, batches, pad: int) -> tuple:
     """Over the real tokens of 8 batches: (elements differing, elements, largest difference in
     bf16 steps, largest |difference| over the state's largest |value|) between the graphs'
     states and the eager capture's (steps alone overstate differences near zero)."""
-    cap = HFCapture(target.model, aux_ids, pad_token_id=pad)
-    with torch.inference_mode():
-        eager_rows = [cap.capture(seqs) for seqs in batches[:8]]
-    cap.close()  # its final-norm hook ends a forward: not while the runner runs
     differing, total, steps, scaled = 0, 0, 0, 0.0
-    with torch.inference_mode():
-        for seqs, eager in zip(batches[:8], eager_rows, strict=True):
-            got = runner.step(seqs, keep=True)
-            sync()
-            for r, (aux, fin) in enumerate(eager):
-                n = len(seqs[r])
-                for mine, theirs in ((got[0][r, :n], aux), (got[1][r, :n], fin)):
-                    gap = np.abs(ordered_bits(mine) - ordered_bits(theirs))
-                    differing += int((gap > 0).sum())
-                    total += gap.size
-                    steps = max(steps, int(gap.max()))
-                    size = theirs.float().abs().max().clamp_min(1e-30)
-                    scaled = max(scaled, float((mine.float() - theirs.float()).abs().max() / size))
+    # one capture's hooks at a time: the eager one's final-norm hook ends any forward
+    with HFCapture(target.model, aux_ids, pad_token_id=pad) as eager:
+        eager_rows = [eager.capture(seqs) for seqs in batches[:8]]
+    for seqs, theirs_rows in zip(batches[:8], eager_rows, strict=True):
+        mine_rows = graphs.capture(seqs)
+        for (aux, fin), (g_aux, g_fin) in zip(theirs_rows, mine_rows, strict=True):
+            for mine, theirs in ((g_aux, aux), (g_fin, fin)):
+                gap = np.abs(ordered_bits(mine) - ordered_bits(theirs))
+                differing += int((gap > 0).sum())
+                total += gap.size
+                steps = max(steps, int(gap.max()))
+                size = theirs.float().abs().max().clamp_min(1e-30)
+                scaled = max(scaled, float((mine.float() - theirs.float()).abs().max() / size))
     return differing, total, steps, scaled
 
 
@@ -202,10 +106,15 @@ def main(argv=None) -> int:
         layers = target.model.config.get_text_config().num_hidden_layers
         aux_ids = resolve_aux_layer_ids(None, layers)
         decoder, pad = target.model.get_decoder(), target.tokenizer.pad_token_id or 0
-        runners = {
-            kind: Bucketed(decoder, aux_ids, args.batch_size, args.bucket, kind == "capture", pad)
-            for kind in ("bare", "capture")
-        }
+        graph_bare = bench.bare_graphs(decoder, args.batch_size, pad, target.device, args.bucket)
+        graph_capture = HFCapture(
+            target.model,
+            aux_ids,
+            pad_token_id=pad,
+            cuda_graphs=True,
+            batch_size=args.batch_size,
+            bucket_tokens=args.bucket,
+        )
         tokens = sum(len(g.input_ids) for g in good)
         padded = sum(args.batch_size * bucket_of(max(map(len, b)), args.bucket) for b in batches)
         print(
@@ -215,11 +124,11 @@ def main(argv=None) -> int:
         start = time.perf_counter()  # every shape once: eager's first pass, the graphs' capture
         bench.bare_forward(decoder, batches, pad, target.device)
         capture_loop(target, batches, aux_ids, "pinned")
-        for runner in runners.values():
-            bucketed_loop(runner, batches)
+        bench.graph_loop(graph_bare, batches)
+        graph_capture_loop(graph_capture, batches)
         print(f"warm-up and graph capture: {time.perf_counter() - start:.1f} s")
         differing, total, steps, scaled = largest_difference(
-            target, aux_ids, runners["capture"], batches, pad
+            target, aux_ids, graph_capture, batches, pad
         )
         print(
             f"graphs vs eager capture, real tokens of 8 batches: {differing} of {total} values "
@@ -231,8 +140,8 @@ def main(argv=None) -> int:
                 "bare": bench.bare_forward(decoder, batches, pad, device),
                 "bare_pinned": bench.bare_forward(decoder, batches, pad, device, pinned=True),
                 "capture": capture_loop(target, batches, aux_ids, "pinned"),
-                "graph_bare": bucketed_loop(runners["bare"], batches),
-                "graph_capture": bucketed_loop(runners["capture"], batches),
+                "graph_bare": bench.graph_loop(graph_bare, batches),
+                "graph_capture": graph_capture_loop(graph_capture, batches),
             }
             rows.append(times)
             print(

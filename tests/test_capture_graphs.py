@@ -12,7 +12,14 @@ from test_capture_hf import LENGTHS, check_against_reference, load, reference, s
 from test_extract import CAPTURE, EXTRACT, run
 from tiny_target import build_deepseek, build_llama, write_split
 
-from eyrie.extract.graphs import GraphCaptureFailed, GraphForward, bucket_of, why_not_graphs
+import eyrie.extract.graphs as graphs
+from eyrie.extract.graphs import (
+    GraphCaptureFailed,
+    GraphForward,
+    bucket_of,
+    too_large_for_auto,
+    why_not_graphs,
+)
 from eyrie.extract.hf import CaptureError, HFCapture, cuda_graphs_for
 from eyrie.store.reader import ShardReader
 
@@ -71,7 +78,7 @@ def test_a_batch_larger_than_the_graphs_is_refused(llama):
             cap.capture(sequences(llama.config.vocab_size)[:3])
 
 
-def test_the_setting_is_resolved_with_reasons(llama):
+def test_the_setting_is_resolved_with_reasons(llama, monkeypatch):
     cpu = torch.device("cpu")
     assert cuda_graphs_for("auto", llama, cpu) is False
     assert cuda_graphs_for(False, llama, cpu) is False
@@ -83,6 +90,9 @@ def test_the_setting_is_resolved_with_reasons(llama):
         cuda_graphs_for("yes", llama, cpu)
     gpu = torch.device("cuda")
     assert why_not_graphs(llama, gpu) is None
+    assert too_large_for_auto(llama) is None
+    monkeypatch.setattr(graphs, "GRAPHS_AUTO_MAX_PARAMS", 1000)  # the tiny Llama is "large"
+    assert "B parameters: a forward this large" in too_large_for_auto(llama)
     original = llama.config._attn_implementation
     try:
         llama.config._attn_implementation = "flash_attention_2"
@@ -151,12 +161,12 @@ def test_cuda_job_with_graphs_stores_what_the_eager_job_stores(tmp_path):
     target = build_llama(root / "target", layers=8)
     data = write_split(root / "train.jsonl", 24)
     stores = {}
-    for graphs in (False, True):
-        out = tmp_path / f"graphs-{graphs}"
-        capture = {**CAPTURE, "device": "cuda", "cuda_graphs": graphs, "graph_bucket_tokens": 16}
+    for use in (False, True):
+        out = tmp_path / f"graphs-{use}"
+        capture = {**CAPTURE, "device": "cuda", "cuda_graphs": use, "graph_bucket_tokens": 16}
         outcome = run((root, target, data), out, capture=capture, extract=EXTRACT)
-        assert ("graph_capture" in outcome.seconds) is graphs
-        stores[graphs] = ShardReader(out / "shard-000.zarr")
+        assert ("graph_capture" in outcome.seconds) is use
+        stores[use] = ShardReader(out / "shard-000.zarr")
     assert list(stores[False].sample_ids) == list(stores[True].sample_ids)
     for i in range(len(stores[False])):
         a, b = stores[False][i], stores[True][i]

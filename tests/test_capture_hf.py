@@ -104,6 +104,24 @@ def test_hooks_are_removed_on_close(llama):
     assert sum(len(m._forward_hooks) for m in llama.modules()) == before
 
 
+def test_a_capture_left_open_does_not_touch_other_forwards(llama):
+    """Hooks record only during their own capture's forward: an open capture neither stops nor
+    keeps the states of the model's other forwards, so two captures can coexist."""
+    seqs = sequences(llama.config.vocab_size)[:2]
+    with HFCapture(llama, [1, 3]) as first, HFCapture(llama, [2]) as second:
+        ids = torch.as_tensor(seqs[0], dtype=torch.long)[None]
+        with torch.no_grad():
+            logits = llama(input_ids=ids).logits  # runs to the lm_head: nothing stops it
+        assert logits.shape[-1] == llama.config.vocab_size
+        assert first._aux == {} and first._final == [] and second._final == []
+        got = first.capture(seqs)
+        alone = second.capture(seqs)
+    for seq, (aux, _), (aux2, _) in zip(seqs, got, alone, strict=True):
+        hs, _ = reference(llama, seq)
+        torch.testing.assert_close(aux[:, 0], hs[2].bfloat16())
+        torch.testing.assert_close(aux2[:, 0], hs[3].bfloat16())
+
+
 @pytest.mark.parametrize("ids", [[8], [1, 1], [-1]])
 def test_bad_layer_ids_are_refused(llama, ids):
     with pytest.raises(CaptureError, match="aux_layer_ids"):

@@ -86,6 +86,22 @@ def test_process_writes_the_thread_writers_bytes_and_errors(setup, tmp_path, mon
     assert "writer_process_busy" not in runs[False].seconds
 
 
+def test_the_job_sends_each_group_before_it_waits_for_the_last_commit(setup, tmp_path, monkeypatch):
+    """The writer process always has the next group in hand: when the job takes a commit's
+    report, the group after it has been sent already (save for the last)."""
+    in_hand = []
+    real = WriterProcess.take_report
+
+    def counting(self):
+        in_hand.append(len(self._in_flight))
+        return real(self)
+
+    monkeypatch.setattr(WriterProcess, "take_report", counting)
+    outcome = run(setup, tmp_path / "out", extract={**EXTRACT, "writer_process": True})
+    assert outcome.samples > 0 and len(in_hand) >= 3
+    assert in_hand[:-1] == [2] * (len(in_hand) - 1) and in_hand[-1] == 1
+
+
 DRIVER = driver({**EXTRACT, "writer_process": True})
 
 
@@ -197,6 +213,33 @@ def test_a_writer_error_comes_back_as_its_own_class(tmp_path):
         lock.release()
     with ShardWriter(path, **KW) as again:  # the failed group left nothing behind
         assert again.committed_ids == ["s0", "s1"]
+
+
+def test_groups_sent_ahead_are_committed_in_order_and_reported_in_order(tmp_path):
+    """The job sends the next group before it takes the last one's report (so the child never
+    waits for the round trip): commits and reports keep the order of sending, a slab is not
+    free before its report, and the next call that needs the reply stream waits for none."""
+    path = tmp_path / "s.zarr"
+    lock = StoreLock(path).acquire()
+    groups = [[sample(0), sample(1)], [sample(2)], [sample(3), sample(4)]]
+    child = open_process(path, lock, groups)
+    child._max_slabs = 3
+    try:
+        sent = [captured(child, group, i) for i, group in enumerate(groups)]
+        for slab, rows in sent:
+            child.send_group(rows, slab)
+        assert child._free == []  # every slab is with the child until its report
+        with pytest.raises(ExtractError, match="3 groups still unreported"):
+            child.finish()
+        reports = [child.take_report() for _ in groups]
+        assert [r["stored"] for r in reports] == [[0, 1], [2], [3, 4]]
+        assert len(child._free) == 3 and child.num_samples == 5
+        child.finish()
+    finally:
+        child.close()
+        lock.release()
+    with ShardWriter(path, **KW) as again:
+        assert again.committed_ids == ["s0", "s1", "s2", "s3", "s4"]
 
 
 def test_a_group_larger_than_planned_gets_a_larger_slab(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from eyrie.extract.graphs import (
     GraphCaptureFailed,
     GraphForward,
     attention_mask_4d,
+    too_large_for_auto,
     why_not_graphs,
 )
 from eyrie.extract.job import Prepared, batches
@@ -118,6 +119,7 @@ class HFCapture:
         self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
         self.stop = stop_at_final_norm
         self._copy_stream = None  # CUDA: the stream the states' copies to the host run on
+        self._active = False  # the hooks record only during this capture's own forward
         self._aux: dict[int, list[torch.Tensor]] = {}
         self._final: list[torch.Tensor] = []
         self._handles = [
@@ -149,11 +151,14 @@ class HFCapture:
 
     def _aux_hook(self, slot: int):
         def hook(module, args, output):
-            self._aux.setdefault(slot, []).append(_first_tensor(output).detach())
+            if self._active:
+                self._aux.setdefault(slot, []).append(_first_tensor(output).detach())
 
         return hook
 
     def _final_hook(self, module, args, output):
+        if not self._active:  # another forward of the model (another capture's, a check's)
+            return
         self._final.append(_first_tensor(output).detach())
         if self.stop:
             raise _StopForward
@@ -203,6 +208,13 @@ class HFCapture:
         return self._stacked(mask_dev)
 
     def _states(self, ids, mask, device, cuda: bool) -> tuple:
+        self._active = True
+        try:
+            return self._forward(ids, mask, device, cuda)
+        finally:
+            self._active = False
+
+    def _forward(self, ids, mask, device, cuda: bool) -> tuple:
         if self._graphs is None:
             return self._eager(ids, mask, device, cuda)
         try:
@@ -340,7 +352,7 @@ class HFBackend:
                 "capture forward: %s",
                 f"CUDA graphs, batches padded to multiples of {bucket} tokens"
                 if graphs
-                else f"eager ({why_not_graphs(self.target.model, self.target.device)})",
+                else f"eager ({self._why_eager()})",
             )
         self._graph_stats = (0, 0.0)
         with HFCapture(
@@ -373,6 +385,13 @@ class HFBackend:
             finally:
                 self._graph_stats = cap.graph_stats
 
+    def _why_eager(self) -> str:
+        setting = self.capture_cfg.get("cuda_graphs", "auto")
+        if setting in (False, "false"):
+            return "capture.cuda_graphs is false"
+        model, device = self.target.model, self.target.device
+        return why_not_graphs(model, device) or too_large_for_auto(model) or "graphs failed"
+
     def finish(self, outcome) -> None:
         count, seconds = self._graph_stats
         if count:
@@ -394,4 +413,4 @@ def cuda_graphs_for(setting, model: torch.nn.Module, device: torch.device) -> st
         return True
     if setting != "auto":
         raise CaptureError(f"capture.cuda_graphs: {setting!r}; use auto, true or false")
-    return "auto" if why is None else False
+    return "auto" if why is None and too_large_for_auto(model) is None else False

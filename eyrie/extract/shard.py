@@ -8,6 +8,7 @@ commit groups and bit-exact resume, the errors table, disk-full handling, the ou
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import time
@@ -214,6 +215,8 @@ def extract_shard(
                 )
                 writer = child
 
+            in_flight = collections.deque()  # groups the writer process has, not reported
+
             def write_group(group, resolve: Resolve, slab=None):  # on the writer thread
                 tick = time.perf_counter()
                 rows = []
@@ -223,9 +226,21 @@ def extract_shard(
                         continue
                     rows.append((g.line, g.sample_id, g.input_ids, g.loss_mask, *res))
                 if slab is None:
-                    report = store_group(writer, rows)
-                else:
-                    report = writer.store(rows, slab)
+                    record(group, store_group(writer, rows))
+                else:  # sent; the one before commits meanwhile, then this one at once
+                    writer.send_group(rows, slab)
+                    in_flight.append(group)
+                    if len(in_flight) > 1:
+                        record(in_flight.popleft(), writer.take_report())
+                seconds["write"] += time.perf_counter() - tick
+
+            def drain():  # on the writer thread: the reports of every group sent
+                tick = time.perf_counter()
+                while in_flight:
+                    record(in_flight.popleft(), writer.take_report())
+                seconds["write"] += time.perf_counter() - tick
+
+            def record(group, report: dict) -> None:  # a commit's report: errors, counts
                 sample_ids = {g.line: g.sample_id for g in group}
                 for line in report["non_finite"]:
                     errors[line] = (sample_ids[line], "non_finite", "the target gave NaN or Inf")
@@ -237,7 +252,6 @@ def extract_shard(
                     # after every commit held the GIL the forward pass launches kernels with
                     write_errors(work_errors, errors, sources)
                     table["written"] = dict(errors)
-                seconds["write"] += time.perf_counter() - tick
 
             seconds["setup"] = time.perf_counter() - start
             with (
@@ -264,8 +278,10 @@ def extract_shard(
                     rate = done["tokens"] / max(time.monotonic() - t0, 1e-9)
                     bar.set_postfix(tok_s=f"{rate:.0f}")
                     if stop_after_commits is not None and commits >= stop_after_commits:
+                        bg.submit(drain)
                         bg.wait()  # the commits asked for are on disk
                         raise Interrupted(f"stopped after {commits} commits (as asked)")
+                bg.submit(drain)
             if "wait" in seconds:
                 seconds["wait"] = bg.waited_s
             if writer is child:

@@ -11,7 +11,8 @@ How the guarantees carry over:
   child maps it and appends views of it, so states are neither pickled nor copied on the way.
 - Order and commits: the child runs `store_group`, the very step the writer thread runs (the
   finite check, append, commit), one group at a time in submission order; the job's thread
-  (eyrie/store/background.py) sends a group and waits for its commit before the next.
+  (eyrie/store/background.py) sends the next group before it takes the last one's report, so
+  the child never waits for a round trip between commits.
 - The lock: the child is given the job's locked file descriptor (eyrie.store.lock
   .InheritedLock); flock belongs to the shared open file, so no other writer gets in while
   either process lives.
@@ -24,6 +25,7 @@ How the guarantees carry over:
 
 from __future__ import annotations
 
+import collections
 import importlib
 import json
 import logging
@@ -91,6 +93,7 @@ class WriterProcess:
         self.busy_s = 0.0  # the child's time in store_group
         self._slabs: list[Slab] = []
         self._free: list[Slab] = []
+        self._in_flight: collections.deque[Slab] = collections.deque()  # sent, not reported
         self._cond = threading.Condition()
         self._failed: BaseException | None = None
         self._dropped: list[int] = []  # slabs replaced here, still mapped by the child
@@ -143,16 +146,22 @@ class WriterProcess:
         return reply
 
     def _call(self, message: dict) -> dict:
+        if self._in_flight:
+            raise ExtractError(f"{self.path}: {len(self._in_flight)} groups still unreported")
         self._send(message)
         if self._opening:
             self._opening = False
-            opened = self._receive()
-            if (opened["num_samples"], opened["num_tokens"]) != (
-                self.num_samples,
-                self.num_tokens,
-            ):
-                raise ExtractError(f"{self.path}: the writer process found another commit")
+            self._check_opened(self._receive())
         return self._receive()
+
+    def _check_opened(self, opened: dict) -> None:
+        if (opened["num_samples"], opened["num_tokens"]) != (self.num_samples, self.num_tokens):
+            raise ExtractError(f"{self.path}: the writer process found another commit")
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._failed = exc
+            self._cond.notify_all()
 
     def _died(self) -> WriterProcessError:
         try:
@@ -246,6 +255,17 @@ class WriterProcess:
 
     def store(self, rows, slab: Slab) -> dict:
         """store_group in the child: rows as in store_group, states living in `slab`."""
+        self.send_group(rows, slab)
+        return self.take_report()
+
+    def send_group(self, rows, slab: Slab) -> None:
+        """Send a group to be stored after those already sent, without waiting for it.
+
+        The child reads its messages in order, so a group sent while it commits the one before
+        is started the moment that commit is done: the child does not wait for this thread to
+        hear one commit's report before it gets the next group. `take_report` returns the
+        reports in the same order; each slab stays in use until its group's report is taken.
+        """
         try:
             # the group's token ids and masks go in one piece each (a copy per sample held
             # the interpreter the forward launches its kernels from); each sample's place is
@@ -280,13 +300,23 @@ class WriterProcess:
                 socket.send_fds(self._fds_here, [b"slab"], [slab.fd])
                 message["new"] = slab.nbytes
                 slab.announced = True
-            report = self._call(message)
+            self._send(message)
+            self._in_flight.append(slab)
         except BaseException as exc:
-            with self._cond:
-                self._failed = exc
-                self._cond.notify_all()
+            self._fail(exc)
             raise
-        self._release(slab)
+
+    def take_report(self) -> dict:
+        """The report of the oldest group sent and not yet reported (waits for its commit)."""
+        try:
+            if self._opening:
+                self._opening = False
+                self._check_opened(self._receive())
+            report = self._receive()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self._release(self._in_flight.popleft())
         self.busy_s += report["busy_s"]
         self.committed_ids += report["stored_ids"]
         self.num_samples, self.num_tokens = report["num_samples"], report["num_tokens"]

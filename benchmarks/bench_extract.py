@@ -304,7 +304,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     bare_forward(base, batches, pad, target.device)
 
     graph_bare = None  # the same stack replayed as CUDA graphs: the baseline graphs must beat
-    if target.device.type == "cuda":
+    if target.device.type == "cuda" and not args.skip_graph_baseline:
         graph_bare = bare_graphs(base, args.batch_size, pad, target.device)
         graph_loop(graph_bare, batches)  # captures every bucket's graph once
     variants = [
@@ -578,6 +578,12 @@ def main(argv=None) -> int:
         "--skip-full-forward",
         action="store_true",
         help="do not time the full model (with its lm_head, which extraction never computes)",
+    )
+    ap.add_argument(
+        "--skip-graph-baseline",
+        action="store_true",
+        help="on CUDA, do not time the bare forward replayed as CUDA graphs (the baseline for "
+        "cuda_graphs true; it doubles a long run's time)",
     )
     ap.add_argument("--width", nargs="+", default=["toy"], choices=["toy", "realistic"])
     ap.add_argument("--layers", type=int, default=8, help="layers of the realistic model")

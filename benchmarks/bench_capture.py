@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_extract import (  # noqa: E402
     bare_forward,
+    build_realistic,
     extraction_batches,
     machine,
     split_file,
@@ -39,7 +40,7 @@ from bench_extract import (  # noqa: E402
     workload_args,
 )
 
-from eyrie.extract.hf import HFCapture  # noqa: E402
+from eyrie.extract.hf import HFCapture, padded_batch  # noqa: E402
 from eyrie.extract.split import (  # noqa: E402
     read_split,
     resolve_aux_layer_ids,  # noqa: E402
@@ -88,6 +89,24 @@ def capture_loop(target, batches, aux_ids, host: str) -> float:
     cap.close()
     if slab is not None:
         slab.close()
+    return elapsed
+
+
+def on_device_loop(target, batches, aux_ids) -> float:
+    """The capture's forward, stack and finite flags with the states left on the GPU: no
+    copies to the host. Where the loops above are slower than this, the copies cost it."""
+    cap = HFCapture(target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id or 0)
+    pad = target.tokenizer.pad_token_id or 0
+    device = target.device
+    sync()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for batch in batches:
+            ids, mask = padded_batch(batch, pad)
+            cap._states(ids.pin_memory(), mask.pin_memory(), device, True)
+    sync()
+    elapsed = time.perf_counter() - start
+    cap.close()
     return elapsed
 
 
@@ -141,11 +160,23 @@ def target_hidden(target) -> int:
 
 
 def main(argv=None) -> int:
-    args = workload_args(__doc__.splitlines()[0], samples=256).parse_args(argv)
+    ap = workload_args(__doc__.splitlines()[0], samples=256)
+    ap.add_argument(
+        "--width",
+        default="toy",
+        choices=["toy", "realistic"],
+        help="realistic: a random Llama of Llama-3-8B's layer shape (bench_extract's)",
+    )
+    ap.add_argument("--layers", type=int, default=8, help="layers of the realistic model")
+    args = ap.parse_args(argv)
     print(f"machine:  {machine(resolve_device(args.device).type)}")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        target = load_target(target_dir(args.target, tmp), device=args.device)
+        if args.width == "toy":
+            path = target_dir(args.target, tmp)
+        else:
+            path = build_realistic(tmp / "llama-4096", args.layers, args.device)
+        target = load_target(path, device=args.device)
         split = read_split(split_file(args.data, args.samples, tmp))
         good, _ = tokenize(target.tokenizer, split, args.max_tokens)
         batches = extraction_batches(good, 64, args.batch_size)
@@ -162,11 +193,13 @@ def main(argv=None) -> int:
             pinned = capture_loop(target, batches, aux_ids, "pinned")
             slab = capture_loop(target, batches, aux_ids, "slab")
             piped = pipeline_loop(target, batches, aux_ids)
+            kept = on_device_loop(target, batches, aux_ids) if target.device.type == "cuda" else 0
             print(
                 f"repeat {r}: bare forward (no lm_head) {bare:.3f} s | capture, pinned "
                 f"{pinned:.3f} s ({pinned / bare:.3f}x) | capture, shared slab {slab:.3f} s "
                 f"({slab / bare:.3f}x) | 3 slabs, awaited on a thread {piped:.3f} s "
                 f"({piped / bare:.3f}x)"
+                + (f" | states left on the GPU {kept:.3f} s ({kept / bare:.3f}x)" if kept else "")
             )
     return 0
 

@@ -118,16 +118,34 @@ def writer_children(parent_pid: int) -> list[int]:
     return found
 
 
+def holds_a_slab(pid: int) -> bool:
+    """Whether process `pid` has one of the job's shared slabs mapped (eyrie/store/slabs.py)."""
+    try:
+        return "/memfd:eyrie-states" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
 def test_sigkill_of_the_job_ends_its_writer_and_resume_is_bit_exact(setup, tmp_path):
     """SIGKILL the job while its writer process is up: the writer dies with it (it never
     writes into a store whose lock is free), and the resumed store equals a clean run's.
     The writer is stopped first, so it cannot notice the job's end by itself."""
 
     def freeze_writer(proc) -> bool:
-        children = writer_children(proc.pid)
+        # Frozen only once it holds a slab: it has served a group, so it asked for the
+        # parent-death kill long before (a child frozen while still importing never asks,
+        # and outlives any job; one that is not frozen checks its parent after asking).
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            children = writer_children(proc.pid)
+            if children and all(map(holds_a_slab, children)):
+                break
+            time.sleep(0.01)
+        else:
+            return False  # the job ended first: no kill this time
         for child in children:  # frozen wherever it is, a commit half written maybe:
             os.kill(child, signal.SIGSTOP)  # only the kernel's parent-death kill ends it
-        return bool(children)
+        return True
 
     def writer_gone(proc) -> None:
         deadline = time.monotonic() + 10
@@ -242,6 +260,49 @@ def test_groups_sent_ahead_are_committed_in_order_and_reported_in_order(tmp_path
         assert again.committed_ids == ["s0", "s1", "s2", "s3", "s4"]
 
 
+def test_the_slabs_are_made_when_the_store_opens_not_between_captures(tmp_path, monkeypatch):
+    """open() makes every slab the planned groups will use (registering one with CUDA pins each
+    page, work that would otherwise stand between two batches' forwards); the captures then
+    only take them: no slab is made after open for groups that were planned."""
+    import eyrie.extract.write_process as write_process
+
+    monkeypatch.setattr(write_process, "_SPARE", [])  # no slab kept from other tests
+    made = []
+
+    class CountedSlab(write_process.Slab):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(write_process, "Slab", CountedSlab)
+    path = tmp_path / "s.zarr"
+    lock = StoreLock(path).acquire()
+    groups = [[sample(0), sample(1)], [sample(2)], [sample(3), sample(4, n=9)]]
+    child = open_process(path, lock, groups)  # at most 2 slabs (queue 0 + 2)
+    try:
+        assert len(made) == 2 and child._free == made and child.slab_seconds > 0
+        planned = max(child.need(g, 2) for g in groups)
+        assert all(slab.nbytes >= planned for slab in made)
+        for i, group in enumerate(groups):
+            slab, rows = captured(child, group, i)
+            assert slab in made
+            child.store(rows, slab)
+        assert len(made) == 2 and child.num_samples == 5
+        child.finish()
+    finally:
+        child.close()
+        lock.release()
+    one = tmp_path / "one.zarr"
+    lock = StoreLock(one).acquire()
+    child = open_process(one, lock, groups[:1])  # one group: one slab, not the most allowed
+    try:
+        assert len(child._slabs) == 1 and child._slabs[0] in made  # kept by the first writer
+        assert len(made) == 2
+    finally:
+        child.close()
+        lock.release()
+
+
 def test_a_group_larger_than_planned_gets_a_larger_slab(tmp_path, monkeypatch):
     """Slabs are sized for the planned groups; a larger one replaces a free slab (the child
     lets go of the old one) and its samples are stored as any others."""
@@ -285,6 +346,28 @@ def test_a_killed_writer_is_an_error_naming_the_store(tmp_path):
         lock.release()
     with ShardWriter(path, **KW) as again:
         assert again.committed_ids == ["s0"]
+
+
+def test_a_dead_writer_sent_a_new_slab_is_an_error_naming_the_store(tmp_path):
+    """The child is gone when the next group brings a slab it has not seen: the descriptor
+    cannot be sent, and that is the same error as a group that cannot be sent."""
+    path = tmp_path / "s.zarr"
+    lock = StoreLock(path).acquire()
+    groups = [[sample(0)], [sample(1)]]
+    child = open_process(path, lock, groups)
+    try:
+        first = captured(child, groups[0], 0)
+        second = captured(child, groups[1], 1)  # both slabs in hand: the second is new
+        assert first[0] is not second[0] and not second[0].announced
+        child.store(*reversed(first))
+        os.kill(child._proc.pid, signal.SIGKILL)
+        child._proc.wait()
+        with pytest.raises(WriterProcessError, match=r"killed by signal 9.*resumes") as info:
+            child.store(*reversed(second))
+        assert str(path) in str(info.value)
+    finally:
+        child.close()
+        lock.release()
 
 
 def test_the_setting_and_its_errors():

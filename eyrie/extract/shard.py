@@ -214,6 +214,7 @@ def extract_shard(
                     cuda=ready.device.type == "cuda",
                 )
                 writer = child
+                seconds["slabs"] = child.slab_seconds  # part of the setup
 
             in_flight = collections.deque()  # groups the writer process has, not reported
 

@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -91,6 +92,7 @@ class WriterProcess:
     def __init__(self):
         self.path: Path | None = None
         self.busy_s = 0.0  # the child's time in store_group
+        self.slab_seconds = 0.0  # making and registering the slabs, in open()
         self._slabs: list[Slab] = []
         self._free: list[Slab] = []
         self._in_flight: collections.deque[Slab] = collections.deque()  # sent, not reported
@@ -125,6 +127,9 @@ class WriterProcess:
         self._cuda, self._max_slabs = cuda, max(2, int(slabs))
         self._slab_bytes = max(self.need(g, batch_size) for g in groups)
         self._check_memory(len(groups))
+        tick = time.perf_counter()
+        self._make_slabs(min(self._max_slabs, len(groups)))
+        self.slab_seconds = time.perf_counter() - tick
         socket.send_fds(self._fds_here, [b"lock"], [lock.fileno()])
         # the child's answer is read before the first group's (one stream, in order)
         self._opening = True
@@ -235,16 +240,32 @@ class WriterProcess:
                     if old.announced:  # the child lets go of it with the next group
                         self._dropped.append(old.id)
                     old.close()
-                size = max(need, self._slab_bytes)
-                self._slab_bytes = size
-                slab = spare_slab(size, self._cuda)
-                if slab is None:
-                    slab = Slab(with_margin(size))
-                    if self._cuda:
-                        slab.register_cuda()
+                self._slab_bytes = max(need, self._slab_bytes)
+                slab = self._new_slab()
                 self._slabs.append(slab)
         slab.reset()
         return slab
+
+    def _new_slab(self) -> Slab:
+        """A slab of the planned size: a kept one, or a new one registered with CUDA."""
+        slab = spare_slab(self._slab_bytes, self._cuda)
+        if slab is None:
+            slab = Slab(with_margin(self._slab_bytes))
+            if self._cuda:
+                slab.register_cuda()
+        return slab
+
+    def _make_slabs(self, count: int) -> None:
+        """The slabs the groups will use, made before the first capture (in the job's setup).
+
+        Registering a slab with CUDA pins each of its pages, a GB or more of them at a realistic
+        width; made as the first groups asked for them, that work stood between two batches'
+        forwards on the thread that launches them."""
+        with self._cond:
+            while len(self._slabs) < count:
+                slab = self._new_slab()
+                self._slabs.append(slab)
+                self._free.append(slab)
 
     def _release(self, slab: Slab) -> None:
         with self._cond:
@@ -297,7 +318,10 @@ class WriterProcess:
             with self._cond:
                 message["drop"], self._dropped = self._dropped, []
             if not slab.announced:
-                socket.send_fds(self._fds_here, [b"slab"], [slab.fd])
+                try:
+                    socket.send_fds(self._fds_here, [b"slab"], [slab.fd])
+                except OSError as exc:  # the child is gone: say so, as _send does
+                    raise self._died() from exc
                 message["new"] = slab.nbytes
                 slab.announced = True
             self._send(message)

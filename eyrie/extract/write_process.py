@@ -258,7 +258,7 @@ class WriterProcess:
     def _make_slabs(self, count: int) -> None:
         """The slabs the groups will use, made before the first capture (in the job's setup).
 
-        Registering a slab with CUDA pins each of its pages, a GB or more of them at a realistic
+        Registering a slab with CUDA pins each of its pages, hundreds of MB of them at a realistic
         width; made as the first groups asked for them, that work stood between two batches'
         forwards on the thread that launches them."""
         with self._cond:

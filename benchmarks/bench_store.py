@@ -200,8 +200,8 @@ def main(argv=None) -> int:
     )
     print(
         f"store: chunk_tokens={args.chunk_tokens} shard_tokens={args.shard_tokens} "
-        f"commit (with fsync) every {args.commit_every} samples; Blosc zstd-1, byte shuffle, "
-        "1 MiB blocks, crc32c"
+        f"commit (with fsync) every {args.commit_every} samples; the store's codecs "
+        "(eyrie/store/codecs.py: bf16 chunks under 512 KiB as two byte planes)"
     )
     print()
     print(size_table.to_string(index=False, float_format=lambda x: f"{x:,.3f}"))

@@ -3,7 +3,9 @@
 Every file of a store written with ``shard_encoder="eyrie"`` must have the sha256 of the same
 store written with ``shard_encoder="zarr"`` (arr[lo:hi] = values), over commits that end
 inside a chunk, on a chunk edge, exactly on a shard edge, and that span several shards; and
-the stores must read back, with plain zarr, as the values written.
+the stores must read back, with plain zarr, as the values written. Both layouts of the bf16
+arrays: "planes" (numcodecs.shuffle, then Blosc without shuffle: new stores) and "blosc"
+(Blosc's byte shuffle: stores written before, which resumed writers keep appending to).
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import os
 
 import numpy as np
 import pytest
-import zarr
 from test_store import commit_killed_before_record
+from test_store_codecs import inner_codecs, layout, plain_arrays
 
 from eyrie.store.shard import ShardWriter
 
@@ -22,6 +24,7 @@ AUX = [0, 1, 2]
 K = len(AUX)
 PROV = {"target": "shard-files-test"}
 ROWS = 1024  # distinct token rows of hidden states; samples are slices of them
+LAYOUTS = ("planes", "blosc")  # the bf16 arrays' pipeline in new stores, and in older ones
 
 
 def plan(shard: int, rng: np.random.Generator) -> list[list[int]]:
@@ -48,21 +51,45 @@ def rows(hidden: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(b[:, :K]), np.ascontiguousarray(b[:, K])
 
 
-def write(path, hidden, shard, precision, encoder, commits, aux_rows, fin_rows, threads=1):
+def check_encoders(w: ShardWriter, encoder: str, kind: str) -> None:
+    """The files are written by the encoder asked for (no silent fallback to zarr), and the
+    store is in the layout asked for."""
+    names = [c["name"] for c in inner_codecs(w.path / "aux_hidden")]
+    assert names == (
+        ["bytes", "numcodecs.shuffle", "blosc", "crc32c"]
+        if kind == "planes"
+        else ["bytes", "blosc", "crc32c"]
+    )
+    if encoder == "zarr":
+        assert w._shard_files is None
+        return
+    planes = 2 if kind == "planes" else None
+    got = {name: e.planes for name, e in w._shard_files.encoders.items()}
+    assert got == {
+        "input_ids": None,
+        "loss_mask": None,
+        "aux_hidden": planes,
+        "final_hidden": planes,
+    }
+
+
+def write(path, hidden, shard, precision, encoder, commits, aux_rows, fin_rows, kind):
     """Write the plan; returns the values written (uint16 patterns as given, before rounding)."""
     rng = np.random.default_rng(7)
     want = {"input_ids": [], "loss_mask": [], "aux_hidden": [], "final_hidden": []}
-    w = ShardWriter(
-        path,
-        hidden_size=hidden,
-        aux_layer_ids=AUX,
-        provenance=PROV,
-        chunk_tokens=256,
-        shard_tokens=shard,
-        precision=precision,
-        writer_threads=threads,
-        shard_encoder=encoder,
-    )
+    with layout(kind):
+        w = ShardWriter(
+            path,
+            hidden_size=hidden,
+            aux_layer_ids=AUX,
+            provenance=PROV,
+            chunk_tokens=256,
+            shard_tokens=shard,
+            precision=precision,
+            writer_threads=1,
+            shard_encoder=encoder,
+        )
+    check_encoders(w, encoder, kind)
     with w:
         i = 0
         for lengths in commits:
@@ -89,7 +116,7 @@ def digests(path) -> dict[str, str]:
 
 
 def check_read_back(path, want, precision) -> None:
-    g = zarr.open_group(str(path), mode="r")
+    g = plain_arrays(path)
     np.testing.assert_array_equal(g["input_ids"][:], want["input_ids"])
     np.testing.assert_array_equal(g["loss_mask"][:], want["loss_mask"].astype(np.uint8))
     for key in ("aux_hidden", "final_hidden"):
@@ -107,23 +134,35 @@ if os.environ.get("EYRIE_FULL_TESTS") == "1":
     CASES.append((4096, 16384))  # ~1 GB of states per store: about a minute on one core
 
 
+@pytest.mark.parametrize("kind", LAYOUTS)
 @pytest.mark.parametrize("precision", ["lossless", "bitround-3"])
 @pytest.mark.parametrize(("hidden", "shard"), CASES)
-def test_our_shard_files_are_zarrs_bytes(tmp_path, hidden, shard, precision):
+def test_our_shard_files_are_zarrs_bytes(tmp_path, hidden, shard, precision, kind):
     commits = plan(shard, np.random.default_rng(hidden + shard))
     aux_rows, fin_rows = rows(hidden, seed=hidden)
     got = {}
     for encoder in ("zarr", "eyrie"):
         path = tmp_path / encoder
-        want = write(path, hidden, shard, precision, encoder, commits, aux_rows, fin_rows)
+        want = write(path, hidden, shard, precision, encoder, commits, aux_rows, fin_rows, kind)
         got[encoder] = digests(path)
         check_read_back(path, want, precision)
     assert len(got["eyrie"]) > 10
     assert got["eyrie"] == got["zarr"]
 
 
-def small_writer(path, encoder: str, threads: int | str = 1) -> ShardWriter:
-    """A hidden-32 writer of 16-token chunks in 64-token shards: many files, many edges."""
+def small_writer(path, encoder: str, threads: int | str = 1, kind="planes") -> ShardWriter:
+    """A hidden-32 writer of 16-token chunks in 64-token shards: many files, many edges.
+
+    A new store gets the layout `kind`; an existing one keeps its own.
+    """
+    with layout(kind):
+        w = open_small(path, encoder, threads)
+    check_encoders(w, encoder, kind)
+    return w
+
+
+def open_small(path, encoder: str, threads: int | str) -> ShardWriter:
+    """small_writer's store, created or resumed in whatever layout new stores get now."""
     return ShardWriter(
         path,
         hidden_size=32,
@@ -136,13 +175,14 @@ def small_writer(path, encoder: str, threads: int | str = 1) -> ShardWriter:
     )
 
 
-def test_same_bytes_on_several_threads_and_small_chunks(tmp_path):
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_same_bytes_on_several_threads_and_small_chunks(tmp_path, kind):
     """Many short commits into 64-token shards of 16-token chunks, on 1 and 3 threads."""
     aux_rows, fin_rows = rows(32, seed=1)
     got = {}
     for encoder, threads in (("zarr", 1), ("eyrie", 1), ("eyrie", 3)):
         path = tmp_path / f"{encoder}-{threads}"
-        with small_writer(path, encoder, threads) as w:
+        with small_writer(path, encoder, threads, kind) as w:
             local = np.random.default_rng(5)
             for i in range(60):
                 n = int(local.integers(1, 40))
@@ -155,13 +195,18 @@ def test_same_bytes_on_several_threads_and_small_chunks(tmp_path):
     assert got[("eyrie", 1)] == got[("zarr", 1)] and got[("eyrie", 3)] == got[("zarr", 1)]
 
 
-def test_resumed_store_gets_zarrs_bytes(tmp_path, monkeypatch):
-    """Data written past the commit (a kill before the record), then a resume: as zarr does."""
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_resumed_store_gets_zarrs_bytes(tmp_path, monkeypatch, kind):
+    """Data written past the commit (a kill before the record), then a resume: as zarr does.
+
+    The store is created in layout `kind` and resumed by this Eyrie, which keeps its layout
+    ("blosc": a store of an older Eyrie, appended to after the upgrade).
+    """
     aux_rows, fin_rows = rows(32, seed=2)
     got = {}
     for encoder in ("zarr", "eyrie"):
         path = tmp_path / encoder
-        w = small_writer(path, encoder, "auto")
+        w = small_writer(path, encoder, "auto", kind)
         for i, n in enumerate((20, 30)):
             w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[:n], fin_rows[:n])
         w.commit()  # 50 tokens, inside shard 0
@@ -169,7 +214,8 @@ def test_resumed_store_gets_zarrs_bytes(tmp_path, monkeypatch):
             w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[5 : 5 + n], fin_rows[:n])
         commit_killed_before_record(w, monkeypatch)
         # resumes at 50 tokens; shard 0 holds data past them on disk
-        w = small_writer(path, encoder, "auto")
+        w = open_small(path, encoder, "auto")
+        check_encoders(w, encoder, kind)  # the store's own layout, whatever new stores get
         assert w.num_tokens == 50
         for i, n in enumerate((9, 3, 70), start=2):
             w.append(f"s{i}", np.arange(n), np.ones(n, bool), aux_rows[9 : 9 + n], fin_rows[:n])

@@ -179,10 +179,22 @@ def test_plain_zarr_reads_the_contract(tmp_path):
         assert g[name].chunks == chunk and g[name].shards == (64, *chunk[1:])
         meta = json.loads((tmp_path / "s" / name / "zarr.json").read_text())
         inner = meta["codecs"][0]["configuration"]["codecs"]
+        assert [c["name"] for c in inner] == ["bytes", "numcodecs.shuffle", "blosc", "crc32c"]
+        assert inner[1]["configuration"] == {"elementsize": 2}  # [low bytes][high bytes]
+        blosc = inner[2]["configuration"]
+        assert (blosc["cname"], blosc["clevel"], blosc["shuffle"]) == ("zstd", 1, "noshuffle")
+        chunk_bytes = 2 * int(np.prod(chunk))
+        assert (blosc["typesize"], blosc["blocksize"]) == (1, chunk_bytes // 2)  # a block a plane
+    for name, typesize in (("input_ids", 4), ("loss_mask", 1)):  # core Zarr v3 codecs only
+        meta = json.loads((tmp_path / "s" / name / "zarr.json").read_text())
+        inner = meta["codecs"][0]["configuration"]["codecs"]
         assert [c["name"] for c in inner] == ["bytes", "blosc", "crc32c"]
         blosc = inner[1]["configuration"]
-        assert (blosc["cname"], blosc["clevel"], blosc["shuffle"]) == ("zstd", 1, "shuffle")
-        assert (blosc["typesize"], blosc["blocksize"]) == (2, 1 << 20)
+        assert (blosc["shuffle"], blosc["typesize"], blosc["blocksize"]) == (
+            "shuffle",
+            typesize,
+            1 << 20,
+        )
 
     offsets = g["offsets"][:]
     ids = [str(s) for s in g["sample_id"][:]]

@@ -143,13 +143,14 @@ def test_lossless_store_is_bit_exact_and_unchanged(tmp_path):
     assert np.array_equal(s["final_hidden"].view(torch.int16).numpy().view(np.uint16), bits[::-1])
     meta = json.loads((path / "aux_hidden" / "zarr.json").read_text())
     inner = meta["codecs"][0]["configuration"]["codecs"]
-    assert [c["name"] for c in inner] == ["bytes", "blosc", "crc32c"]
-    assert inner[1]["configuration"] == {
-        "typesize": 2,
+    assert [c["name"] for c in inner] == ["bytes", "numcodecs.shuffle", "blosc", "crc32c"]
+    assert inner[1]["configuration"] == {"elementsize": 2}
+    assert inner[2]["configuration"] == {
+        "typesize": 1,
         "cname": "zstd",
         "clevel": 1,
-        "shuffle": "shuffle",
-        "blocksize": 1 << 20,
+        "shuffle": "noshuffle",
+        "blocksize": 256 * 256,  # half of a 256-token chunk of one 256-wide layer
     }
 
 

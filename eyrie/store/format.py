@@ -17,8 +17,11 @@ import json
 import os
 import re
 import sys
+import threading
 import uuid
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -262,6 +265,26 @@ def read_commit(path: Path) -> dict:
 
 def local_store(path: Path, read_only: bool) -> zarr.storage.LocalStore:
     return zarr.storage.LocalStore(str(path), read_only=read_only)
+
+
+# zarr-python warns each time it makes a numcodecs codec (the bf16 arrays' ``numcodecs.shuffle``,
+# eyrie/store/codecs.py): when a store is created and whenever an array's metadata is read.
+NUMCODECS_WARNING = r"Numcodecs codecs are not in the Zarr version 3 specification"
+_QUIET = threading.RLock()  # hidden_compressors nests in create_arrays
+
+
+@contextmanager
+def quiet_numcodecs() -> Iterator[None]:
+    """That one warning ignored while Eyrie creates or opens a store's arrays; no other.
+
+    ``warnings.catch_warnings`` swaps the process's filter list and puts it back on exit (the
+    list is global, so zarr's event-loop thread, which reads the metadata, sees the filter
+    too); the lock keeps two Eyrie threads from restoring each other's lists out of order,
+    which could leave the filter in place for good. Other code still gets the warning.
+    """
+    with _QUIET, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=NUMCODECS_WARNING, category=UserWarning)
+        yield
 
 
 def expected_chunk_files(arr: zarr.Array, length: int, start: int = 0) -> list[str]:

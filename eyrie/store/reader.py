@@ -24,6 +24,7 @@ from eyrie.store.format import (
     from_bf16_bits,
     ids_digest,
     local_store,
+    quiet_numcodecs,
     read_commit,
     root_attrs,
 )
@@ -65,7 +66,8 @@ class ShardReader:
         self._arrays = {}
         for name, (shape, dtype) in want.items():
             try:
-                arr = group[name]
+                with quiet_numcodecs():  # the bf16 arrays' numcodecs.shuffle (codecs.py)
+                    arr = group[name]
             except KeyError:
                 raise StoreError(f"{p}: array {name!r} is missing; re-extract the shard") from None
             have = arr.shape

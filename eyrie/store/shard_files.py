@@ -5,7 +5,8 @@ per-chunk machinery (about 0.4 ms of asyncio and Python per inner chunk, holding
 against the extraction's forward thread; a fill buffer and a copy per chunk, a copy for each
 crc32c, the shard's concatenation), and a commit that ends inside a shard file makes the next
 one read that file back and rewrite it whole. Here each inner chunk is one Blosc call on a
-view of the caller's values (Blosc releases the GIL, so chunks compress on a thread pool), and
+view of the caller's values, or on one numpy copy of them into byte planes (Blosc and the
+copy release the GIL, so chunks compress on a thread pool), and
 the encoded chunks of the shard file a commit ends inside stay in memory, so the next commit
 encodes only its own chunks (and the partial last one again) before writing the file.
 
@@ -15,13 +16,20 @@ takes that path): the shard file's existing chunks are kept as they are on disk;
 chunk the write overlaps is encoded (``write_empty_chunks`` is true, so zero chunks too), a
 partly covered one merged first into its decoded old values, or into the fill value where it
 had none; inner chunks never written (past the array's end in its last shard) are left out
-and get the index pair (2^64-1, 2^64-1). A chunk is its C-order little-endian bytes, Blosc
-compressed (numcodecs, the codec's cname/clevel/shuffle/typesize/blocksize), then the
-crc32c of that (``google_crc32c``, 4 bytes little endian). The file is the present chunks in
-Morton order (the plain order here: only the token axis has more than one chunk per shard),
-then the index of (offset, nbytes) uint64 little-endian pairs in that order and its crc32c.
-This module checks an array's metadata for exactly that layout and refuses any other
-(``UnsupportedLayout``), so a store it cannot reproduce is written by zarr instead.
+and get the index pair (2^64-1, 2^64-1). A chunk is its C-order little-endian bytes, in one
+of two inner pipelines (eyrie/store/codecs.py):
+
+- ``bytes -> numcodecs.shuffle -> blosc -> crc32c`` (the bf16 arrays of new stores): the
+  bytes byte-shuffled as numcodecs' ``Shuffle(elementsize)`` does, done here with numpy
+  (``byte_planes``: the (elementsize, n) planes of the bytes, contiguous), then Blosc;
+- ``bytes -> blosc -> crc32c`` (the other arrays, and every token array of older stores).
+
+Blosc is numcodecs' with the codec's cname/clevel/shuffle/typesize/blocksize; then comes the
+crc32c of the compressed bytes (``google_crc32c``, 4 bytes little endian). The file is the
+present chunks in Morton order (the plain order here: only the token axis has more than one
+chunk per shard), then the index of (offset, nbytes) uint64 little-endian pairs in that order
+and its crc32c. This module checks an array's metadata for exactly those layouts and refuses
+any other (``UnsupportedLayout``), so a store it cannot reproduce is written by zarr instead.
 
 The kept state of a file always equals the file on disk: it changes only once the new file
 has been renamed into place. A file this writer has not written (a resumed store's) is read
@@ -41,7 +49,9 @@ import numpy as np
 import zarr
 from numcodecs import Blosc
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
+from zarr.codecs.numcodecs import Shuffle
 
+from eyrie.store.codecs import byte_planes, from_byte_planes
 from eyrie.store.format import write_bytes_durable
 from eyrie.store.parallel import cores
 
@@ -73,6 +83,21 @@ def _crc(data) -> bytes:
     return int(google_crc32c.value(data)).to_bytes(4, "little")
 
 
+def _shuffle_size(codec, dtype: np.dtype) -> int:
+    """The element size of a numcodecs.shuffle codec as zarr runs it; 0 for anything else.
+
+    zarr gives a shuffle without an element size the dtype's item size; an element size of 1
+    (or less) leaves the bytes as they are, and so does ``byte_planes`` with 1.
+    """
+    if not isinstance(codec, Shuffle) or set(codec.codec_config) - {"id", "elementsize"}:
+        return 0
+    size = codec.codec_config.get("elementsize")
+    size = dtype.itemsize if size is None else size
+    if not isinstance(size, int) or isinstance(size, bool) or dtype.itemsize % max(size, 1):
+        return 0  # zarr refuses chunks that are not whole elements; so does this module
+    return max(size, 1)
+
+
 class ShardFileEncoder:
     """Writes one token array's shard files; keeps the one the last write ended inside."""
 
@@ -82,12 +107,15 @@ class ShardFileEncoder:
         sharding = codecs[0] if len(codecs) == 1 else None
         if not isinstance(sharding, ShardingCodec):
             raise UnsupportedLayout(f"{arr.path}: not a sharded array of one sharding codec")
-        inner = sharding.codecs
+        inner = list(sharding.codecs)
+        self.dtype = np.dtype(meta.dtype.to_native_dtype())
+        self.planes = _shuffle_size(inner.pop(1), self.dtype) if len(inner) == 4 else None
         ok = (
             len(inner) == 3
             and isinstance(inner[0], BytesCodec)
             and isinstance(inner[1], BloscCodec)
             and isinstance(inner[2], Crc32cCodec)
+            and self.planes != 0
             and [type(c) for c in sharding.index_codecs] == [BytesCodec, Crc32cCodec]
             and sharding.index_location.value == "end"
             and sys.byteorder == "little"
@@ -98,7 +126,6 @@ class ShardFileEncoder:
         self.chunk_shape = tuple(sharding.chunk_shape)
         if not ok or self.shard_shape[1:] != self.chunk_shape[1:]:
             raise UnsupportedLayout(f"{arr.path}: codecs or chunk grid other than the store's")
-        self.dtype = np.dtype(meta.dtype.to_native_dtype())
         if self.dtype.byteorder not in "=|<":
             raise UnsupportedLayout(f"{arr.path}: big-endian dtype {self.dtype}")
         self.fill_value = np.asarray(meta.fill_value, dtype=self.dtype)
@@ -160,6 +187,8 @@ class ShardFileEncoder:
     # -- internals ------------------------------------------------------------------------------
 
     def _encode(self, values: np.ndarray) -> tuple[bytes, bytes]:
+        if self.planes is not None:
+            values = byte_planes(values, self.planes)
         compressed = self.blosc.encode(values)
         return compressed, _crc(compressed)
 
@@ -180,6 +209,8 @@ class ShardFileEncoder:
         if _crc(data[:-4]) != data[-4:]:
             raise ValueError("Stored and computed checksum do not match (inner chunk)")
         raw = self.blosc.decode(data[:-4])
+        if self.planes is not None:
+            return from_byte_planes(raw, self.dtype, self.chunk_shape, self.planes)
         return np.frombuffer(raw, dtype=self.dtype).reshape(self.chunk_shape).copy()
 
     def _file_bytes(self, chunks: list[tuple[bytes, ...] | None]) -> list:

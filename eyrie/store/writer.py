@@ -44,6 +44,7 @@ from eyrie.store.format import (
     int_vector,
     json_normal,
     local_store,
+    quiet_numcodecs,
     read_commit,
     root_attrs,
     write_json_durable,
@@ -231,7 +232,8 @@ class ShardWriter:
         self._arrays = {}
         for name in ALL_ARRAYS:
             try:
-                arr = self._group[name]
+                with quiet_numcodecs():  # the bf16 arrays' numcodecs.shuffle (codecs.py)
+                    arr = self._group[name]
             except KeyError:
                 raise StoreError(
                     f"{p}: array {name!r} is missing; delete {p} and re-extract"

@@ -38,6 +38,7 @@ class RawStore:
 def open_raw(path: Path, problems: Problems) -> RawStore | None:
     import zarr
 
+    from eyrie.store.format import quiet_numcodecs
     from eyrie.validate.advice import half_deleted
 
     if not path.is_dir():
@@ -51,17 +52,18 @@ def open_raw(path: Path, problems: Problems) -> RawStore | None:
         attrs = dict(group.attrs)
         commit = json.loads((path / "commit.json").read_text())
         n, t = int(commit["num_samples"]), int(commit["num_tokens"])
-        arrays = {
-            k: group[k]
-            for k in (
-                "input_ids",
-                "loss_mask",
-                "aux_hidden",
-                "final_hidden",
-                "offsets",
-                "sample_id",
-            )
-        }
+        with quiet_numcodecs():  # the bf16 arrays' numcodecs.shuffle (eyrie/store/codecs.py)
+            arrays = {
+                k: group[k]
+                for k in (
+                    "input_ids",
+                    "loss_mask",
+                    "aux_hidden",
+                    "final_hidden",
+                    "offsets",
+                    "sample_id",
+                )
+            }
     except Exception as exc:  # any failure here means the store cannot be used at all
         problems.add("unreadable", None, f"{path}: {type(exc).__name__}: {exc}")
         return None

@@ -8,7 +8,7 @@ chunk on its own, as the store does. Printed per target: bytes/token and the rat
 bf16, compress and decompress MB/s (of raw bytes, one thread), whether zarr can express the
 candidate with its own codecs (so any Zarr v3 reader decodes it; "ext": with numcodecs'
 zarr codecs, as zarr-python does), and order-0 entropy bounds. The baseline is the store's
-current default (``StoreDefault``: eyrie.store.codecs.hidden_compressors, byte planes as the
+current default (``StoreDefault``: eyrie.store.codecs.stored_as_planes, byte planes as the
 store's shard-file encoder makes them for chunks under 512 KiB, Blosc's byte shuffle from it),
 measured in the same run, and so are the old default (Blosc's byte shuffle, typesize 2, 1 MiB
 blocks at every size) that stores written before it hold, and the planes at every size.
@@ -45,11 +45,11 @@ sys.path.insert(0, str(ROOT))
 from eyrie.store.codecs import (  # noqa: E402
     byte_planes,
     from_byte_planes,
-    hidden_compressors,
     plane_compressors,
     round_bf16_bits,
+    stored_as_planes,
 )
-from eyrie.store.shard_files import SHUFFLE  # noqa: E402
+from eyrie.store.shard_files import numcodecs_blosc  # noqa: E402
 
 MIB = 1 << 20
 
@@ -160,14 +160,7 @@ class PlanesBlosc:
 
     def blosc(self, nbytes: int) -> Blosc:
         if nbytes not in self.codecs:
-            _, blosc, _ = plane_compressors(nbytes)
-            self.codecs[nbytes] = Blosc(
-                cname=blosc.cname.value,
-                clevel=blosc.clevel,
-                shuffle=SHUFFLE[blosc.shuffle.value],
-                blocksize=blosc.blocksize,
-                typesize=blosc.typesize,
-            )
+            self.codecs[nbytes] = numcodecs_blosc(plane_compressors(nbytes)[1])
         return self.codecs[nbytes]
 
     def encode(self, x):
@@ -186,7 +179,7 @@ class StoreDefault:
         self.planes, self.shuffled = PlanesBlosc(), BloscC()
 
     def pick(self, nbytes: int):
-        return self.planes if len(hidden_compressors(nbytes)) == 3 else self.shuffled
+        return self.planes if stored_as_planes(nbytes) else self.shuffled
 
     def encode(self, x):
         return self.pick(x.nbytes).encode(x)

@@ -22,11 +22,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numcodecs import Blosc
 
 from eyrie.store import remote_writer
-from eyrie.store.codecs import byte_planes, hidden_compressors
-from eyrie.store.shard_files import SHUFFLE
+from eyrie.store.codecs import byte_planes, hidden_compressors, stored_as_planes
+from eyrie.store.shard_files import numcodecs_blosc
 
 MODES = ("reply", "touch", "encode")
 MODE = os.environ.get("EYRIE_BENCH_DRY_WRITER")  # read once: the job sets it before the start
@@ -35,16 +34,8 @@ _POOL = ThreadPoolExecutor(8)
 
 def _encode(x: np.ndarray) -> bytes:
     """One state as the store encodes a chunk of the bf16 arrays (the state as the chunk)."""
-    pipeline = hidden_compressors(x.nbytes)
-    blosc = pipeline[-2]
-    codec = Blosc(
-        cname=blosc.cname.value,
-        clevel=blosc.clevel,
-        shuffle=SHUFFLE[blosc.shuffle.value],
-        blocksize=blosc.blocksize,
-        typesize=blosc.typesize,
-    )
-    return codec.encode(byte_planes(x) if len(pipeline) == 3 else x)
+    codec = numcodecs_blosc(hidden_compressors(x.nbytes)[-2])
+    return codec.encode(byte_planes(x) if stored_as_planes(x.nbytes) else x)
 
 
 def dry_store_group(writer, rows) -> dict:

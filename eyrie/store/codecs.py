@@ -149,11 +149,20 @@ def hidden_compressors(chunk_bytes: int) -> list:
     (``blosc_compressors(2)``) from it, where the two are within 0.5 % and the planes would
     cost a third of the decode speed (benchmarks/RESULTS.md, "The new lossless default").
     """
-    if chunk_bytes < PLANE_BYTES or chunk_bytes % PLANE_BYTES:
-        raise ValueError(f"a bf16 chunk has an even, positive byte size, got {chunk_bytes}")
-    if chunk_bytes < PLANES_BELOW:
+    if stored_as_planes(chunk_bytes):
         return plane_compressors(chunk_bytes)
     return blosc_compressors(PLANE_BYTES)
+
+
+def stored_as_planes(chunk_bytes: int) -> bool:
+    """Whether a new store keeps bf16 chunks of `chunk_bytes` as two byte planes."""
+    _check_bf16_chunk(chunk_bytes)
+    return chunk_bytes < PLANES_BELOW
+
+
+def _check_bf16_chunk(chunk_bytes: int) -> None:
+    if chunk_bytes < PLANE_BYTES or chunk_bytes % PLANE_BYTES:
+        raise ValueError(f"a bf16 chunk has an even, positive byte size, got {chunk_bytes}")
 
 
 def plane_compressors(chunk_bytes: int) -> list:
@@ -163,8 +172,7 @@ def plane_compressors(chunk_bytes: int) -> list:
     of half the chunk compresses each plane as its own zstd stream (Blosc raises blocks under
     128 bytes to 128, so a chunk of less than 256 bytes mixes them: it still round-trips).
     """
-    if chunk_bytes < PLANE_BYTES or chunk_bytes % PLANE_BYTES:
-        raise ValueError(f"a bf16 chunk has an even, positive byte size, got {chunk_bytes}")
+    _check_bf16_chunk(chunk_bytes)
     with quiet_numcodecs():
         shuffle = Shuffle(elementsize=PLANE_BYTES)
     return [

@@ -83,6 +83,17 @@ def _crc(data) -> bytes:
     return int(google_crc32c.value(data)).to_bytes(4, "little")
 
 
+def numcodecs_blosc(codec: BloscCodec) -> Blosc:
+    """numcodecs' Blosc with zarr's BloscCodec settings: the same frames, one call a chunk."""
+    return Blosc(
+        cname=codec.cname.value,
+        clevel=codec.clevel,
+        shuffle=SHUFFLE[codec.shuffle.value],
+        blocksize=codec.blocksize,
+        typesize=codec.typesize,
+    )
+
+
 def _shuffle_size(codec, dtype: np.dtype) -> int:
     """The element size of a numcodecs.shuffle codec as zarr runs it; 0 for anything else.
 
@@ -131,14 +142,7 @@ class ShardFileEncoder:
         self.fill_value = np.asarray(meta.fill_value, dtype=self.dtype)
         self.chunk_tokens, self.shard_tokens = self.chunk_shape[0], self.shard_shape[0]
         self.chunks_per_shard = self.shard_tokens // self.chunk_tokens
-        blosc = inner[1]
-        self.blosc = Blosc(
-            cname=blosc.cname.value,
-            clevel=blosc.clevel,
-            shuffle=SHUFFLE[blosc.shuffle.value],
-            blocksize=blosc.blocksize,
-            typesize=blosc.typesize,
-        )
+        self.blosc = numcodecs_blosc(inner[1])
         self.key = meta.chunk_key_encoding.encode_chunk_key
         self.tail_dims = (0,) * (len(self.shard_shape) - 1)
         self.folder = Path(folder)

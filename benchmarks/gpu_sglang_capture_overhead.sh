@@ -10,8 +10,13 @@
 #   source .gpu/w2/install.sh && PART=synthetic benchmarks/gpu_sglang_capture_overhead.sh
 # PART=chat|synthetic|both (chat: two server starts, about 5 minutes); CONCURRENCY="8 32"
 # (requests in flight, each measured on the same two servers); DUMP_ROOT=/dev/shm (where the
-# dumps go, capture.sglang.dump_root); OUT=benchmarks/out/gpu. Writes
-# capture-overhead-NAME.{json,txt} and one tarball (server logs, bundle, shape) to OUT.
+# dumps go, capture.sglang.dump_root); OUT=benchmarks/out/gpu; PASSES=3 (timed passes each);
+# PY_SPY=path/to/py-spy (samples the patched server's scheduler during each concurrency's
+# passes); BEFORE=DIR (a folder holding an earlier release's eyrie/ package, e.g. from
+# `git archive COMMIT eyrie | tar -x -C DIR`): after each part, that release's patched server
+# is measured too, against the same part's unpatched rates, as NAME-before. Writes
+# capture-overhead-NAME.{json,txt} and one tarball (server logs, py-spy stacks, bundle, shape)
+# to OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -29,15 +34,24 @@ run() {  # run NAME ARGS...: one unpatched and one patched server
   shift
   # shellcheck disable=SC2086  # CONCURRENCY is a list of numbers
   python3 benchmarks/sglang_capture_overhead.py --concurrency $CONCURRENCY \
-    ${DUMP_ROOT:+--dump-root "$DUMP_ROOT"} --work "$WORK/$name" \
-    --json "$OUT/capture-overhead-$name.json" "$@" 2>&1 \
+    --passes "${PASSES:-3}" ${DUMP_ROOT:+--dump-root "$DUMP_ROOT"} ${PY_SPY:+--py-spy "$PY_SPY"} \
+    --work "$WORK/$name" --json "$OUT/capture-overhead-$name.json" "$@" 2>&1 \
     | tee "$OUT/capture-overhead-$name.txt" || status=1
 }
+part() {  # part NAME ARGS...: this checkout's patch, then BEFORE's against the same unpatched
+  local name=$1
+  shift
+  run "$name" "$@"
+  if [[ -n ${BEFORE:-} && -f $OUT/capture-overhead-$name.json ]]; then
+    EYRIE_SOURCE=$BEFORE run "$name-before" "$@" \
+      --unpatched-from "$OUT/capture-overhead-$name.json"
+  fi
+}
 if [[ $PART == chat || $PART == both ]]; then
-  run chat --samples 1024
+  part chat --samples 1024
 fi
 if [[ $PART == synthetic || $PART == both ]]; then
-  run synthetic --synthetic-tokens 512 --samples 256
+  part synthetic --synthetic-tokens 512 --samples 256
 fi
 tar -czf "$OUT/capture-overhead-logs-$PART.tgz" -C "$WORK" . || true  # logs, bundle, shape
 exit $status

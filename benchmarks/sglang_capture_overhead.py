@@ -15,6 +15,17 @@ get the same samples the same way, one after the other on one GPU:
 Tokens/s: prompt tokens over a pass's wall time (every sample once, --concurrency in flight),
 warm-up excluded; every pass has new rids, and the radix cache is off.
 
+Where the patched server's time goes, per timed pass: the client's side (SglangCapture.one timed
+whole, its dump-folder waits, DumpFolder.collect's wait for the files and its reading) and the
+server's (the patch's own timings from its status file: time inside the hooks on the forward's
+thread, waits for room in the writer's queue, the writer's waits for the copies and its writes).
+With --py-spy, py-spy samples the patched server's scheduler process during each concurrency's
+passes and the leaf frames are tallied (any release of the patch, the older one included).
+
+EYRIE_SOURCE=DIR imports Eyrie (and so the patch the bundle copies) from DIR instead of this
+checkout, to measure an earlier release with this script; --unpatched-from then reuses the
+unpatched rates of an earlier run of the same call instead of starting that server again.
+
     python benchmarks/sglang_capture_overhead.py --json overhead.json          # on a GPU
     python benchmarks/sglang_capture_overhead.py --dry-run --json dry.json     # shape, tokens
 """
@@ -22,19 +33,26 @@ warm-up excluded; every pass has new rids, and the radix cache is off.
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.metadata
 import json
+import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if os.environ.get("EYRIE_SOURCE"):  # an earlier release of Eyrie, measured by this script
+    sys.path.insert(0, str(Path(os.environ["EYRIE_SOURCE"]).resolve()))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from eyrie.common import atomic  # noqa: E402
 from eyrie.common.provenance import machine  # noqa: E402
@@ -136,11 +154,24 @@ def plain_sender(url: str):
     return send
 
 
-def capture_sender(cap):
-    """send() of the patched server: SglangCapture.one (request, then its dumps read back)."""
+def capture_sender(cap, clock: dict):
+    """send() of the patched server: SglangCapture.one (request, then its dumps read back);
+    `clock` sums the seconds spent in one() and, within it, in DumpFolder.collect."""
+    collect = cap.folder.collect
+
+    def timed_collect(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return collect(*args, **kwargs)
+        finally:
+            clock["collect_s"] += time.perf_counter() - t0
+
+    cap.folder.collect = timed_collect
 
     def send(rid: str, ids: list[int]) -> int:
+        t0 = time.perf_counter()
         got = cap.one(rid, np.asarray(ids, dtype=np.int64))
+        clock["one_s"] += time.perf_counter() - t0
         if got[0] == "error":
             raise RuntimeError(f"the patched server refused {rid}: {got[1]}: {got[2]}")
         aux, final = got
@@ -149,15 +180,123 @@ def capture_sender(cap):
     return send
 
 
-def measure(send, samples: list, args, name: str) -> dict:
-    """Warm-up (untimed), then --passes timed passes at each --concurrency."""
+CLIENT_FIELDS = ("waited_s", "dump_wait_s", "read_s")  # DumpFolder.stats (older: waited_s only)
+SERVER_FIELDS = ("hooks_s", "queue_wait_s", "copy_wait_s", "write_s", "bytes_written")
+
+
+def profile_now(folder, clock: dict) -> dict:
+    """The client's and the server's running totals (None where a release has none). The patch
+    refreshes its status file once its writer has been idle for 0.5 s: wait for that."""
+    time.sleep(0.8)
+    out = {k: clock[k] for k in ("one_s", "collect_s")}
+    out.update({k: getattr(folder.stats, k, None) for k in CLIENT_FIELDS})
+    statuses = [
+        st for st in folder.statuses() if st.get("manifest_sha256") == folder.manifest_sha256
+    ]
+    timings = [st.get("timings") for st in statuses if st.get("timings")]
+    for k in SERVER_FIELDS:
+        out[f"server_{k}"] = sum(t.get(k, 0) for t in timings) if timings else None
+    return out
+
+
+def profile_delta(before: dict, after: dict) -> dict:
+    return {k: (None if after[k] is None or before[k] is None else round(after[k] - before[k], 4))
+            for k in after}  # fmt: skip
+
+
+def scheduler_pid(server) -> int | None:
+    """The pid of SGLang's scheduler process (its title: sglang::scheduler) under a server; the
+    server's own pid where it has none (the stand-in runs its passes in-process)."""
+    group = server.proc.pid
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != group:
+                continue
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ProcessLookupError):
+            continue
+        if "scheduler" in title:
+            return int(entry.name)
+    return group
+
+
+@contextmanager
+def py_spy(binary: str | None, pid: int | None, out: Path):
+    """py-spy sampling `pid` (all threads, idle ones too) while the block runs; raw stacks."""
+    if not binary or not pid:
+        yield None
+        return
+    cmd = [binary, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--idle",
+           "--threads", "--nonblocking", "--output", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # attached before the timed passes start
+    try:
+        yield out
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            err = b"py-spy did not stop"
+        if proc.returncode not in (0, -signal.SIGINT) and not out.exists():
+            print(f"py-spy failed ({proc.returncode}): {err.decode()[-500:]}", flush=True)
+
+
+def tally_stacks(path: Path | None, top: int = 6) -> dict | None:
+    """Per thread of the sampled process, from py-spy's raw output: the share of samples whose
+    stack holds a frame of the patch (eyrie_sglang_patch), the patch's innermost frames and the
+    leaf frames, most frequent first; threads with the most patch samples first."""
+    if path is None or not path.exists():
+        return None
+    leaves: dict = collections.defaultdict(collections.Counter)
+    patch: dict = collections.defaultdict(collections.Counter)
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit() or not stack:
+            continue
+        frames = stack.split(";")
+        leaves[frames[0]][frames[-1]] += int(count)
+        ours = [f for f in frames if "eyrie_sglang_patch" in f]
+        if ours:
+            patch[frames[0]][ours[-1]] += int(count)
+    order = sorted(leaves, key=lambda t: -sum(patch[t].values()))
+    out = {}
+    for thread in order[:top]:
+        total = sum(leaves[thread].values())
+        out[thread] = {
+            "samples": total,
+            "in_patch": round(sum(patch[thread].values()) / total, 4),
+            "patch_frames": [(f, round(n / total, 4)) for f, n in patch[thread].most_common(4)],
+            "top_leaves": [(f, round(n / total, 4)) for f, n in leaves[thread].most_common(4)],
+        }
+    return out or None
+
+
+def measure(send, samples: list, args, name: str, probe=None, spy=None) -> dict:
+    """Warm-up (untimed), then --passes timed passes at each --concurrency; `probe()` gives
+    running profile totals (each pass gets their change), `spy(c)` a py-spy context."""
     timed_pass(send, samples[: args.warmup], max(args.concurrency), f"warm-{name}-")
     runs = {}
     for c in args.concurrency:
-        passes = [timed_pass(send, samples, c, f"c{c}p{p}-{name}-") for p in range(args.passes)]
+        passes = []
+        with spy(c) if spy else nullcontext() as stacks:
+            for p in range(args.passes):
+                before = probe() if probe else None
+                passes.append(timed_pass(send, samples, c, f"c{c}p{p}-{name}-"))
+                if probe:
+                    passes[-1]["profile"] = profile_delta(before, probe())
         rates = [p["tokens_per_s"] for p in passes]
         runs[str(c)] = {"median_tokens_per_s": statistics.median(rates), "passes": passes}
+        runs[str(c)]["py_spy"] = tally_stacks(stacks)
         print(f"{name} c={c}: " + ", ".join(f"{r:,.0f}" for r in rates) + " tok/s", flush=True)
+        for q in passes:
+            if "profile" in q:
+                print(f"  profile ({q['seconds']:.2f} s pass): {json.dumps(q['profile'])}")
+        if runs[str(c)]["py_spy"]:
+            print(f"  py-spy: {json.dumps(runs[str(c)]['py_spy'])}", flush=True)
     return runs
 
 
@@ -183,8 +322,15 @@ def run_patched(args, settings, target, bundle, manifest, samples, log_dir) -> d
     with patched_server(bundle=bundle, manifest=manifest, target_path=target, settings=settings,
                         rid_prefix=prefix, log_path=log) as (url, folder):  # fmt: skip
         cap = SglangCapture(url, folder, settings, prefix)
+        clock = {"one_s": 0.0, "collect_s": 0.0}
+        pid = scheduler_pid(folder.server) if args.py_spy else None
+
+        def spy(c):
+            return py_spy(args.py_spy, pid, log_dir / f"py-spy-c{c}.txt")
+
         try:
-            runs = measure(capture_sender(cap), samples, args, "patched")
+            runs = measure(capture_sender(cap, clock), samples, args, "patched",
+                           probe=lambda: profile_now(folder, clock), spy=spy)  # fmt: skip
         finally:
             cap.close()
         stats = folder.stats
@@ -217,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dump-root", default="/dev/shm", help="capture.sglang.dump_root")
     ap.add_argument("--launcher", help="server command instead of python -m sglang.launch_server")
     ap.add_argument("--work", default="benchmarks/out/capture-overhead", help="shape, bundle, logs")
+    ap.add_argument("--py-spy", help="py-spy binary: sample the patched server's scheduler")
+    ap.add_argument("--unpatched-from", help="a JSON of this script: take its unpatched runs")
     ap.add_argument("--dry-run", action="store_true", help="target, samples and commands only")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
@@ -246,7 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         atomic.write_json(args.json, rec)
         return 0
     log_dir = work / "logs"
-    rec["unpatched"] = run_plain(args, settings, target, manifest, samples, log_dir)
+    rec["eyrie_source"] = os.environ.get("EYRIE_SOURCE") or "this checkout"
+    if args.unpatched_from:
+        rec["unpatched"] = json.loads(Path(args.unpatched_from).read_text())["unpatched"]
+        rec["unpatched"]["from"] = args.unpatched_from
+    else:
+        rec["unpatched"] = run_plain(args, settings, target, manifest, samples, log_dir)
     atomic.write_json(args.json, rec)  # kept if the patched server fails
     rec["patched"] = p = run_patched(args, settings, target, bundle, manifest, samples, log_dir)
     for c in map(str, args.concurrency):

@@ -136,6 +136,7 @@ def test_chunked_passes_are_joined_and_other_requests_ignored(setup):
     d.start(decode)
     d.aux(0, decode, torch.ones(1, H))
     d.final(torch.ones(1, H))
+    assert d.flush(timeout=10)  # the files are written by the dumper's own thread
     # a, b, and c in two chunks; nothing for the health check, the warm-up or the decode pass
     assert len(files(folder, proto.CHUNK_SUFFIX)) == 4
     assert files(folder, proto.ERROR_SUFFIX) == []
@@ -149,7 +150,9 @@ def test_chunked_passes_are_joined_and_other_requests_ignored(setup):
     assert files(folder, proto.CHUNK_SUFFIX) == []  # consumed and deleted
     assert folder.stats.chunked == 1 and folder.stats.max_chunks == 2
     status = folder.statuses()
-    assert status[0]["tp_rank"] == 0 and status[0]["files_ok"] and status[0]["passes"] == 0
+    assert status[0]["tp_rank"] == 0 and status[0]["files_ok"] and status[0]["passes"] == 3
+    written = status[0]["timings"]
+    assert written["passes_written"] == 3 and written["bytes_written"] > 0
 
 
 def fake_sglang(root, monkeypatch, version="9.9.9") -> dict:
@@ -326,3 +329,114 @@ def test_requests_wait_while_the_dump_folder_is_full(setup):
     with pytest.raises(SglangError, match="max_dump_bytes"):
         cap._room()
     cap.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the hand-off: the forward's thread queues, a writer thread of the dumper's own writes
+
+
+def test_chunk_files_are_what_safetensors_reads(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "aux": torch.randn(7, 3, 5, generator=g).to(torch.bfloat16),
+        "final": torch.randn(5, 7, generator=g).t(),  # not contiguous, float32
+        "input_ids": torch.randint(0, 1 << 40, (7,), generator=g),
+        "half": torch.randn(7, 2, generator=g).to(torch.float16),
+        "none": torch.zeros(0, 4, dtype=torch.bfloat16),
+    }
+    path = tmp_path / "c.safetensors"
+    proto.save_chunk(path, tensors, {"rid": "eyrie-x:1", "tokens": 7})
+    got = load_file(str(path))
+    assert sorted(got) == sorted(tensors)
+    for name, t in tensors.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata() == {"rid": "eyrie-x:1", "tokens": "7"}
+    assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]  # no temporary left
+
+
+@pytest.fixture
+def held_writer(monkeypatch):
+    """save_chunk made to wait until the returned event is set (a slow writer)."""
+    release = threading.Event()
+    real = dump.save_chunk
+
+    def slow(*args, **kwargs):
+        assert release.wait(10), "the test never released the writer"
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(dump, "save_chunk", slow)
+    return release
+
+
+def test_the_forward_thread_only_queues_and_the_writer_keeps_its_own_copy(setup, held_writer):
+    settings, folder = setup
+    reqs = make_requests(seed=5)
+    d = dumper(settings)
+    # every row is ours: the hooks see SGLang's own tensors, not index_select's copies
+    batch, aux, final = make_batch(reqs, [(f"{PREFIX}a", 0, 5), (f"{PREFIX}b", 0, 3)])
+    outputs = [split(aux[:, slot]) for slot in range(len(AUX))]
+    final_out = final.clone()
+    d.start(batch)
+    for slot, out in enumerate(outputs):
+        d.aux(slot, batch, out)
+    t0 = time.monotonic()
+    d.final((final_out, torch.zeros_like(final_out)))
+    assert time.monotonic() - t0 < 1 and files(folder, proto.CHUNK_SUFFIX) == []
+    # SGLang reuses its buffers for the next pass: what the writer writes must not change
+    for hidden, residual in outputs:
+        hidden.add_(1)
+        residual.mul_(-1)
+    final_out.zero_()
+    batch.input_ids.add_(1)
+    batch.positions.add_(1)
+    held_writer.set()
+    assert d.flush(timeout=10)
+    for rid in (f"{PREFIX}a", f"{PREFIX}b"):
+        ids, want_aux, want_final = reqs[rid]
+        got_aux, got_final = folder.collect(rid, ids.numpy(), timeout=1)
+        assert torch.equal(got_aux, want_aux) and torch.equal(got_final, want_final), rid
+
+
+def test_a_full_queue_holds_the_forward_back(setup, held_writer, monkeypatch):
+    settings, folder = setup
+    monkeypatch.setattr(dump, "QUEUE_PASSES", 1)
+    reqs = make_requests(seed=6)
+    d = dumper(settings)
+    passes = [make_batch(reqs, [(f"{PREFIX}{r}", 0, 2)]) for r in "abc"]
+    runner = threading.Thread(target=lambda: [run_pass(d, *p) for p in passes], daemon=True)
+    runner.start()
+    # one pass in the writer's hands, one in the queue: the third waits for room
+    runner.join(0.5)
+    assert runner.is_alive() and files(folder, proto.CHUNK_SUFFIX) == []
+    held_writer.set()
+    runner.join(10)
+    assert not runner.is_alive() and d.flush(timeout=10)
+    assert len(files(folder, proto.CHUNK_SUFFIX)) == 3
+    assert d.timings.queue_wait_s > 0.3 and d.timings.passes_written == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_states_on_the_gpu_reach_the_files_unchanged(setup):
+    settings, folder = setup
+    reqs = make_requests(seed=7)
+    d = dumper(settings)
+    for spec in PASSES:
+        batch, aux, final = make_batch(reqs, spec)
+        batch.input_ids, batch.positions = batch.input_ids.cuda(), batch.positions.cuda()
+        d.start(batch)
+        for slot in range(len(AUX)):
+            hidden, residual = split(aux[:, slot])
+            d.aux(slot, batch, (hidden.cuda(), residual.cuda()))
+        final_out = final.cuda()
+        d.final((final_out, torch.zeros_like(final_out)))
+        final_out.zero_()  # the next pass's work on the forward's stream
+    assert d.flush(timeout=30)
+    for rid in (f"{PREFIX}a", f"{PREFIX}b", f"{PREFIX}c"):
+        ids, want_aux, want_final = reqs[rid]
+        got_aux, got_final = folder.collect(rid, ids.numpy(), timeout=5)
+        assert torch.equal(got_aux, want_aux) and torch.equal(got_final, want_final), rid

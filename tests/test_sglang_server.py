@@ -115,6 +115,7 @@ def test_launch_flags():
         (["--enable-dp-attention"], "scatters"),
         (["--pp-size", "2"], "one pipeline stage"),
         (["--dp=4"], "one pipeline stage"),
+        (["--nnodes", "2"], "one node per server"),
         (["--port", "1"], "set by the extract job"),
         (["--speculative-algorithm", "EAGLE3"], "draft and verify"),
     ]:

@@ -34,6 +34,9 @@ class Stats:
     chunked: int = 0  # requests that arrived in more than one pass
     max_chunks: int = 0
     waited_s: float = 0.0  # time spent waiting for room in the dump folder
+    # summed over requests (threads overlap): where the client's time goes
+    dump_wait_s: float = 0.0  # from asking for a request's dumps until all its chunks are there
+    read_s: float = 0.0  # reading, checking and deleting them
 
     def add(self, tokens: int, chunks: int) -> None:
         self.requests += 1
@@ -139,7 +142,10 @@ class DumpFolder:
         from safetensors import safe_open
 
         key, total = proto.rid_key(rid), len(input_ids)
-        deadline, delay = time.monotonic() + timeout, 0.002
+        t0 = time.perf_counter()
+        # The server writes a pass's files from a thread of its own, so they may land a few
+        # milliseconds after the answer: poll often at first, never longer than 10 ms apart.
+        deadline, delay = time.monotonic() + timeout, 0.001
         lengths: dict[int, int] = {}
         while True:
             err = self._error(rid)
@@ -169,7 +175,8 @@ class DumpFolder:
             if self.closed:
                 raise SglangError("the job is stopping")
             time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            delay = min(delay * 2, 0.01)
+        t1 = time.perf_counter()
         aux, final, ids, pos = [], [], [], []
         for prefix in order:
             with safe_open(str(chunks[prefix]), framework="pt") as f:
@@ -186,9 +193,9 @@ class DumpFolder:
                 pos.append(f.get_tensor("positions") if "positions" in names else None)
         for path in chunks.values():
             path.unlink(missing_ok=True)
-        aux_t, final_t = torch.cat(aux), torch.cat(final)
+        aux_t, final_t = _joined(aux), _joined(final)
         if all(i is not None for i in ids):
-            seen = torch.cat(ids).numpy()
+            seen = _joined(ids).numpy()
             if not np.array_equal(seen, np.asarray(input_ids, dtype=np.int64)):
                 bad = int(np.argmax(seen != np.asarray(input_ids, dtype=np.int64)))
                 raise SglangError(
@@ -196,11 +203,13 @@ class DumpFolder:
                     f"at token {bad}): the dumps belong to another prompt"
                 )
         if all(p is not None for p in pos):
-            if not torch.equal(torch.cat(pos), torch.arange(total, dtype=torch.int64)):
+            if not torch.equal(_joined(pos), torch.arange(total, dtype=torch.int64)):
                 raise SglangError(
                     f"the dumps of sample {rid!r} sit at positions other than 0..{total - 1}"
                 )
         self.stats.add(total, len(order))
+        self.stats.dump_wait_s += t1 - t0
+        self.stats.read_s += time.perf_counter() - t1
         return aux_t, final_t
 
     def _missing(self, rid: str, total: int, lengths: dict) -> str:
@@ -223,3 +232,8 @@ class DumpFolder:
             "not run: a hook spec matched no module ('No modules matched' in the server log), "
             f"or the pass ran in a CUDA graph or compiled region; {self.where()}"
         )
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The chunks' tensors one after another (no copy for a request that came in one pass)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -40,8 +40,16 @@ REFUSED = {
     "--enable-torch-compile": "compiled modules do not run Python hooks",
     "--enable-piecewise-cuda-graph": "graph replays do not run Python hooks",
 }
-# Flags whose value must stay 1.
-SINGLE = ("--pp-size", "--pipeline-parallel-size", "--dp-size", "--dp", "--data-parallel-size")
+# Flags whose value must stay 1: one pipeline stage, one data-parallel replica, one node (the
+# dump folder is local: tensor-parallel rank 0 writes it on the job's machine).
+SINGLE = (
+    "--pp-size",
+    "--pipeline-parallel-size",
+    "--dp-size",
+    "--dp",
+    "--data-parallel-size",
+    "--nnodes",
+)
 OWNED = ("--host", "--port", "--model-path", "--tp", "--tp-size", "--forward-hooks")
 
 
@@ -85,7 +93,9 @@ def check_server_args(args: list[str]) -> None:
             if value != "1":
                 raise ServerError(
                     f"capture.sglang.server_args: {name} {value}: capture supports one "
-                    "pipeline stage and one data-parallel replica per server; use 1"
+                    "pipeline stage, one data-parallel replica and one node per server (the "
+                    "dump folder is local to the job's machine, where tensor-parallel rank 0 "
+                    "writes it); use 1"
                 )
 
 

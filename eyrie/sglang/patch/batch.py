@@ -151,15 +151,22 @@ class TensorParallel:
     size: int = 1
     gather: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
 
-    def agree(self, rows: torch.Tensor) -> bool:
-        """Whether every rank holds the same rows (checked on a per-row fingerprint)."""
+    def disagreement(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """A 0-dim bool tensor on the rows' device, true where the ranks hold other rows;
+        None with one rank. Checked on a per-row fingerprint gathered from every rank, and
+        computed without waiting for the GPU: the dump's writer reads it after the pass."""
         if self.size <= 1 or self.gather is None:
-            return True
+            return None
         fingerprint = rows.float().sum(dim=-1)
         parts = self.gather(fingerprint)
-        scale = float(parts[0].abs().max()) if parts[0].numel() else 0.0
-        atol = TP_RTOL * max(scale, 1.0)
-        return all(torch.allclose(p, parts[0], rtol=TP_RTOL, atol=atol) for p in parts[1:])
+        ref = parts[0]
+        if not ref.numel():
+            return torch.zeros((), dtype=torch.bool, device=ref.device)
+        atol = TP_RTOL * ref.abs().max().clamp_min(1.0)
+        bad = torch.zeros((), dtype=torch.bool, device=ref.device)
+        for other in parts[1:]:  # torch.allclose(other, ref, rtol=TP_RTOL, atol=atol), negated
+            bad |= ((other - ref).abs() > atol + TP_RTOL * ref.abs()).any()
+        return bad
 
 
 def sglang_tensor_parallel() -> TensorParallel:

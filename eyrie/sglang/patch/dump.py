@@ -1,7 +1,8 @@
 """The dumper: one forward pass's hooked states become one chunk file per kept request.
 
-Runs inside the server (see protocol.py for the files it writes): standard library, torch and
-safetensors only, relative imports.
+Runs inside the server (see protocol.py for the files it writes): standard library and torch
+only, relative imports. The forward's thread only stages and queues; a writer thread of its own
+writes the files (handoff.py says why and how).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +25,7 @@ from .batch import (
     layer_output,
     sglang_tensor_parallel,
 )
+from .handoff import HostCopy, HostPass, PassWriter, Timings
 from .protocol import (
     FORMAT,
     STATUS_PREFIX,
@@ -38,6 +41,9 @@ from .protocol import (
     write_json_atomic,
 )
 
+STATUS_EVERY_S = 1.0  # how often a busy writer refreshes the status file's counters
+QUEUE_PASSES = 4  # passes staged in pinned memory at most, waiting for the writer
+
 # ---------------------------------------------------------------------------------------------
 # the dumper
 
@@ -47,7 +53,9 @@ class _Pass:
     batch: object
     segments: list[Segment]
     total: int
-    aux: dict = field(default_factory=dict)  # slot -> our rows, on the CPU
+    staging: torch.Tensor | None = None  # (rows, k, H): our rows of each aux layer, on device
+    aux_seen: set = field(default_factory=set)  # slots whose hook ran
+    tp_flags: dict = field(default_factory=dict)  # what -> on-device "ranks disagree" flag
     errors: dict = field(default_factory=dict)  # rid -> (reason, detail)
     failed: tuple[str, str] | None = None  # a problem of the whole pass
     index: dict = field(default_factory=dict)  # device -> row index (when not all rows are ours)
@@ -62,7 +70,8 @@ class Dumper:
 
     Call `start(batch)` when a pass begins, `aux(slot, batch, output)` for each aux layer, then
     `final(output)` with the final norm's output. Problems never raise into SGLang's forward:
-    they become error files the client stops on.
+    they become error files the client stops on. The files are written by a thread of the
+    dumper's own (`flush()` waits for it).
     """
 
     def __init__(self, settings: Settings, tp: TensorParallel | None = None, *, check=True):
@@ -74,6 +83,12 @@ class Dumper:
         self._problems: list[str] = []
         self.passes = 0
         self.chunks = 0
+        self.timings = Timings()
+        self._copy = HostCopy()
+        self._writer = PassWriter(
+            self.timings, QUEUE_PASSES, on_error=self._writer_failed, on_idle=self._refresh
+        )
+        self._status_at = 0.0
         ensure_private_dir(settings.dump_dir)
         package = sglang_package_dir()
         files = settings.manifest.get("sglang", {}).get("files", {})
@@ -100,6 +115,7 @@ class Dumper:
     def write_status(self) -> None:
         s = self.settings
         tp = self._tp
+        self._status_at = time.monotonic()
         write_json_atomic(
             s.dump_dir / f"{STATUS_PREFIX}{os.getpid()}.json",
             {
@@ -117,6 +133,7 @@ class Dumper:
                 "problems": self._problems,
                 "passes": self.passes,
                 "chunks": self.chunks,
+                "timings": self.timings.as_dict(),
                 "time": time.time(),
             },
         )
@@ -131,9 +148,33 @@ class Dumper:
             except OSError:
                 pass
 
-    # -- the pass -------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        try:
+            self.write_status()
+        except OSError:
+            pass
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until every pass handed to the writer is written; the status file refreshed."""
+        done = self._writer.flush(timeout)
+        self.write_status()
+        return done
+
+    @contextmanager
+    def _timed(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings.add("hooks_s", time.perf_counter() - t0)
+
+    # -- the pass (on the forward's thread) -------------------------------------------------
 
     def start(self, batch) -> None:
+        with self._timed():
+            self._start(batch)
+
+    def _start(self, batch) -> None:
         if self._pass is not None:
             self._fail(self._pass, "no_final", "the final-norm hook did not run for this pass")
             self._finish_errors(self._pass)
@@ -174,7 +215,7 @@ class Dumper:
     def _current(self, batch) -> _Pass | None:
         p = self._pass
         if p is None or p.batch is not batch:
-            self.start(batch)
+            self._start(batch)
             p = self._pass
         return p
 
@@ -182,21 +223,15 @@ class Dumper:
         if p.failed is None:
             p.failed = (reason, detail)
 
-    def _rows(self, p: _Pass, t: torch.Tensor) -> torch.Tensor | None:
-        """Our rows of a pass-sized tensor, on the CPU (rank 0 only; None elsewhere)."""
-        if self.tp.rank != 0:
-            return None
+    def _rows(self, p: _Pass, t: torch.Tensor) -> torch.Tensor:
+        """Our rows of a pass-sized tensor, on its device: `t` itself when every row is ours."""
         if p.rows == p.total:
-            picked = t
-        else:
-            idx = p.index.get(t.device)
-            if idx is None:
-                idx = torch.cat([torch.arange(s.start, s.start + s.length) for s in p.segments]).to(
-                    t.device
-                )
-                p.index[t.device] = idx
-            picked = t.index_select(0, idx)
-        return picked.detach().to("cpu")
+            return t
+        idx = p.index.get(t.device)
+        if idx is None:
+            idx = torch.cat([torch.arange(s.start, s.start + s.length) for s in p.segments])
+            p.index[t.device] = idx = idx.to(t.device)
+        return t.index_select(0, idx)
 
     def _check_rows(self, p: _Pass, t: torch.Tensor, what: str, pending: bool) -> bool:
         if p.failed:
@@ -217,18 +252,17 @@ class Dumper:
                 "--enforce-disable-flashinfer-allreduce-fusion",
             )
             return False
-        if self.tp.size > 1 and not self.tp.agree(t):
-            self._fail(
-                p,
-                "tp_disagree",
-                f"{what} differs between tensor-parallel ranks (not all-reduced yet); "
-                "capture it with tp 1 or with the fusion of all-reduces turned off",
-            )
-            return False
+        flag = self.tp.disagreement(t)  # every rank joins; read by the writer, not here
+        if flag is not None:
+            p.tp_flags[what] = flag
         return True
 
     def aux(self, slot: int, batch, output) -> None:
         """A hook on aux layer `slot` (the slot-th configured aux id) saw `output`."""
+        with self._timed():
+            self._aux(slot, batch, output)
+
+    def _aux(self, slot: int, batch, output) -> None:
         p = self._current(batch)
         if p is None:
             return
@@ -237,14 +271,24 @@ class Dumper:
         except ProtocolError as exc:
             self._fail(p, "bad_output", str(exc))
             return
-        if slot in p.aux:
+        if slot in p.aux_seen:
             self._fail(p, "hook_twice", f"the hook of aux slot {slot} fired twice in one pass")
             return
+        p.aux_seen.add(slot)
         if self._check_rows(p, t, f"aux layer {self.settings.aux_layer_ids[slot]}", pending):
-            p.aux[slot] = self._rows(p, t)
+            if self.tp.rank != 0:
+                return
+            if p.staging is None:
+                shape = (p.rows, self.slots, t.shape[1])
+                p.staging = torch.empty(shape, dtype=t.dtype, device=t.device)
+            p.staging[:, slot].copy_(self._rows(p, t))
 
     def final(self, output) -> None:
-        """The final norm's output: the end of the pass; writes the chunks."""
+        """The final norm's output: the end of the pass; hands the pass to the writer."""
+        with self._timed():
+            self._final(output)
+
+    def _final(self, output) -> None:
         p, self._pass = self._pass, None
         if p is None:
             return
@@ -253,19 +297,42 @@ class Dumper:
         except ProtocolError as exc:
             self._fail(p, "bad_output", str(exc))
             t = None
-        missing = [self.settings.aux_layer_ids[j] for j in range(self.slots) if j not in p.aux]
+        missing = [self.settings.aux_layer_ids[j] for j in range(self.slots) if j not in p.aux_seen]
         if missing and not p.failed:
             self._fail(
                 p,
                 "missing_layers",
                 f"no state of aux layers {missing} in this pass: their hooks did not run",
             )
-        if t is not None and self._check_rows(p, t, "the final state", False):
-            final = self._rows(p, t)
-            if self.tp.rank == 0:
-                self._write_chunks(p, final)
         self.passes += 1
-        self._finish_errors(p)
+        if t is None or not self._check_rows(p, t, "the final state", False):
+            self._finish_errors(p)
+            return
+        if self.tp.rank != 0:
+            return
+        if p.failed or p.staging is None:
+            self._finish_errors(p)
+            return
+        host = self._copy.to_host(p.staging, *self._own_rows(p, t), flags=p.tp_flags)
+        host.write, host.tag = self._write_pass, p
+        self._writer.put(host)
+
+    def _own_rows(self, p: _Pass, final: torch.Tensor) -> tuple:
+        """(final, input ids, positions) of our rows, as tensors of our own: the writer reads
+        them after SGLang has moved on and may have reused its buffers."""
+        out = []
+        batch = p.batch
+        for t, dtype in (
+            (final, final.dtype),
+            (getattr(batch, "input_ids", None), torch.int64),
+            (getattr(batch, "positions", None), torch.int64),
+        ):
+            if t is not final and not _flat(t, p.total):
+                out.append(None)
+                continue
+            rows = self._rows(p, t)
+            out.append(rows.to(dtype, copy=rows is t))
+        return tuple(out)
 
     def capture_pass(self, batch, aux_states, final_state) -> None:
         """All of a pass at once (the import hook's path): aux states in ascending layer order."""
@@ -287,29 +354,37 @@ class Dumper:
                 self.aux(slot, batch, state)
         self.final(final_state)
 
-    # -- writing --------------------------------------------------------------------------
+    # -- writing (on the writer's thread) ---------------------------------------------------
 
-    def _write_chunks(self, p: _Pass, final: torch.Tensor) -> None:
-        if p.failed:
-            return
+    def _write_pass(self, host: HostPass) -> None:
+        p = host.tag
+        disagree = [what for what, flag in host.flags.items() if bool(flag)]
+        if disagree:
+            self._fail(
+                p,
+                "tp_disagree",
+                f"{disagree[0]} differs between tensor-parallel ranks (not all-reduced yet); "
+                "capture it with tp 1 or with the fusion of all-reduces turned off",
+            )
+        else:
+            self._write_chunks(p, host)
+        self._finish_errors(p)
+        if time.monotonic() - self._status_at > STATUS_EVERY_S:
+            self.write_status()
+
+    def _write_chunks(self, p: _Pass, host: HostPass) -> None:
         s0 = self.settings
-        batch = p.batch
-        ids = getattr(batch, "input_ids", None)
-        pos = getattr(batch, "positions", None)
-        ids = self._rows(p, ids.reshape(-1, 1))[:, 0] if _flat(ids, p.total) else None
-        pos = self._rows(p, pos.reshape(-1, 1))[:, 0] if _flat(pos, p.total) else None
-        aux = torch.stack([p.aux[j] for j in range(self.slots)], dim=1)
         at = 0
         for seg in p.segments:
             a, b = at, at + seg.length
             at = b
             if seg.rid in p.errors:
                 continue
-            tensors = {"aux": aux[a:b].clone(), "final": final[a:b].clone()}
-            if ids is not None:
-                tensors["input_ids"] = ids[a:b].to(torch.int64).clone()
-            if pos is not None:
-                tensors["positions"] = pos[a:b].to(torch.int64).clone()
+            tensors = {"aux": host.aux[a:b], "final": host.final[a:b]}
+            if host.ids is not None:
+                tensors["input_ids"] = host.ids[a:b]
+            if host.positions is not None:
+                tensors["positions"] = host.positions[a:b]
             meta = {
                 "format": FORMAT,
                 "rid": seg.rid,
@@ -326,6 +401,13 @@ class Dumper:
                 self.chunks += 1
             except OSError as exc:
                 p.errors[seg.rid] = ("write_failed", f"{s0.dump_dir}: {exc}")
+
+    def _writer_failed(self, host: HostPass, exc: BaseException) -> None:
+        """The writer thread hit an unexpected error: the pass's requests are told."""
+        self.problem(f"the dump writer raised {type(exc).__name__}: {exc}")
+        if isinstance(host.tag, _Pass):
+            self._fail(host.tag, "write_failed", f"{type(exc).__name__}: {exc}")
+            self._finish_errors(host.tag)
 
     def _finish_errors(self, p: _Pass) -> None:
         errors = dict(p.errors)

@@ -1,7 +1,7 @@
 """The dump protocol, as it runs inside an SGLang server process.
 
-Imports only the standard library, torch and safetensors: the patch bundle copies this file, and
-the server imports it from there without Eyrie installed.
+Imports only the standard library and torch: the patch bundle copies this file, and the server
+imports it from there without Eyrie installed.
 
 One forward pass in EXTEND mode holds the prompt tokens of several requests, one after another
 on the token axis: request j has `extend_seq_lens_cpu[j]` rows, which are its tokens from
@@ -97,21 +97,55 @@ def write_json_atomic(path: str | Path, obj: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
+# safetensors' names of the dtypes a chunk holds
+_DTYPES = {"torch.bfloat16": "BF16", "torch.float16": "F16", "torch.float32": "F32",
+           "torch.int64": "I64"}  # fmt: skip
+
+
 def save_chunk(path: str | Path, tensors: dict, metadata: dict) -> None:
-    """A chunk as safetensors (no pickle), written under a temporary name and renamed."""
-    from safetensors.torch import save_file
+    """A chunk as a safetensors file (no pickle), written under a temporary name and renamed.
+
+    Written here rather than with safetensors.torch.save_file, which first copies every tensor
+    into one bytes object: this writes each tensor's bytes straight from its (pinned) buffer,
+    one copy into the page cache, with the GIL released during each write. The layout is the
+    format's own (8-byte header length, JSON header padded to 8 bytes, the tensors' bytes in
+    header order); safetensors' reader reads it (tests/test_sglang_dump.py).
+    """
+    import torch  # the writing side only: the client reads with safetensors
 
     path = Path(path)
+    header: dict = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
+    views, offset = [], 0
+    for name, t in tensors.items():
+        t = t.detach()
+        if t.device.type != "cpu" or not t.is_contiguous():
+            t = t.to("cpu").contiguous()
+        size = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _DTYPES[str(t.dtype)],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        if size:
+            views.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
     tmp = _tmp_name(path)
     try:
-        save_file(
-            {k: v.detach().contiguous() for k, v in tensors.items()},
-            str(tmp),
-            metadata={k: str(v) for k, v in metadata.items()},
-        )
+        with open(tmp, "wb", buffering=0) as f:
+            _write_all(f, len(text).to_bytes(8, "little") + text)
+            for view in views:
+                _write_all(f, view)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _write_all(f, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[f.write(view) :]
 
 
 def ensure_private_dir(path: str | Path) -> Path:

@@ -2,8 +2,9 @@
 
 On a GPU with sglang: toy-kimi-k25 through the workflow's extract rule (capture.backend: sglang),
 validate with zero errors, parity with an independent transformers forward of the wrapper's
-language-model tensors, and both negative controls. With EYRIE_FULL_TESTS=1 the same steps are
-rehearsed on the CPU against the stand-in server (about two minutes). The first negative
+language-model tensors, and both negative controls. CI rehearses the same steps on the CPU
+against the stand-in server through the script itself (.ci/run: scripts/gpu_e2e_kimi.sh
+--standin); pytest does it too with EYRIE_FULL_TESTS=1 (about two minutes). The first negative
 control (verify on SGLang source whose wrapper no longer delegates) runs here always: it needs
 only SGLang 0.5.12's source from the verify cache.
 """
@@ -18,7 +19,8 @@ from types import SimpleNamespace
 import pytest
 from e2e.harness import StepError, why_no_gpu_run
 from e2e.kimi_controls import no_delegation, remove_delegation
-from e2e.kimi_e2e import main
+from e2e.kimi_e2e import KimiRun, main
+from test_gpu_sglang import failed_compare
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -102,3 +104,9 @@ def test_verify_catches_a_wrapper_that_no_longer_delegates(tmp_path):
     )
     with pytest.raises(StepError, match="found 0"):
         remove_delegation(_release("0.5.9").package, tmp_path / "v9")
+
+
+def test_a_comparison_that_matches_nothing_is_summarised(tmp_path):
+    rc, summary, md = failed_compare(tmp_path, KimiRun)
+    assert rc == 1 and md.startswith("# Toy Kimi-K2.5 (wrapper chain)")
+    assert "- conv-2: 20 tokens in a, 21 in b, first differing token at position 20" in md

@@ -151,6 +151,8 @@ class Run:
         if self.standin:
             cfg["dataset"]["max_samples"] = {"train": 24, "heldout": 4}
             cfg["dataset"]["max_tokens"] = 96
+            # samples are cut at 96 tokens anyway: longer answers only cost generation time
+            cfg.setdefault("regenerate", {})["max_new_tokens"] = 48
             cfg["capture"]["device"] = "cpu"
             cfg["verify"]["sglang"] = "pip:0.5.12"
             sg.update(launcher=STANDIN, chunked_prefill_size=32, launch_timeout_s=120)
@@ -217,14 +219,17 @@ class Run:
         return manifest
 
     def hf_extract(self) -> Path:
+        """The transformers backend on the very conversations the workflow's store was made
+        of (the regenerated split when regenerate.enabled), read from its provenance."""
         from eyrie.extract.shard import extract_shard
 
         results = Path(self.config["results"])
+        data = extracted_input(results / "store" / "train" / "shard-000.zarr")
         out = self.work / "hf"
         capture = {**self.config["capture"], "backend": "hf"}
         capture["device"] = "cpu" if self.standin else "cuda"
         outcome = extract_shard(
-            data_path=results / "data" / "train.jsonl",
+            data_path=data,
             target_path=self.config["target"]["path"],
             split="train",
             shard=0,
@@ -235,7 +240,11 @@ class Run:
             max_tokens=self.config["dataset"]["max_tokens"],
             progress=False,
         )
-        self.summary["hf"] = {"samples": outcome.samples, "seconds": outcome.seconds}
+        self.summary["hf"] = {
+            "samples": outcome.samples,
+            "seconds": outcome.seconds,
+            "data_path": str(data),
+        }
         return out / "shard-000.zarr"
 
     def compare(self, hf_store: Path) -> dict:
@@ -246,12 +255,8 @@ class Run:
         (self.out / "compare.json").write_text(json.dumps(report, indent=1) + "\n")
         print(render(report), flush=True)
         self.summary["compare"] = {
-            "samples": report["samples"],
-            "tokens": report["tokens"],
-            "input_ids_identical": report["input_ids_identical"],
             "hf_device": "cpu float32" if self.standin else "cuda bf16",
-            "layers": report["layers"],
-            "ok": report["ok"],
+            **{k: v for k, v in report.items() if k not in ("stores_a", "stores_b")},
         }
         if not report["ok"]:
             raise StepError(f"the SGLang and transformers stores differ:\n{render(report)}")
@@ -310,6 +315,29 @@ class Run:
         with open(self.out / "logs.txt", "w") as f:
             for p in dict.fromkeys(self.logs):
                 f.write(f"===== {p}\n{log_tail(p, 120)}\n")
+
+
+def extracted_input(store: Path) -> Path:
+    """The conversations file a store was extracted from, as its provenance records it, after
+    checking that the file still holds what was extracted (its sha256)."""
+    from eyrie.common.provenance import file_sha256
+    from eyrie.store.shard import ShardReader
+
+    prov = ShardReader(store).attrs.get("provenance") or {}
+    if not prov.get("data_path") or not prov.get("data_sha256"):
+        raise StepError(f"{store}: its provenance records no data_path and data_sha256")
+    path = Path(prov["data_path"])
+    if not path.is_absolute():  # relative to the workflow's directory (--directory REPO)
+        path = REPO / path
+    if not path.is_file():
+        raise StepError(f"{store} was extracted from {path}, which no longer exists")
+    if (digest := file_sha256(path)) != prov["data_sha256"]:
+        raise StepError(
+            f"{path} changed since {store} was extracted from it (sha256 {digest}, the store's "
+            f"provenance says {prov['data_sha256']}); run the workflow again so both sides "
+            "read the same conversations"
+        )
+    return path
 
 
 def _lengths(store: Path) -> list[int]:

@@ -7,14 +7,15 @@ chain at toy scale (eyrie/target/toy/kimi.py: toy-deepseek's language model insi
 tower and projector), reusing the steps of tests/e2e/sglang_e2e.py:
 
 1. build toy-kimi-k25 (seeded; the language model has the dimensions SGLang 0.5.12 serves);
-2. the workflow itself (snakemake: prepare_dataset, verify_env, patch_server, extract with
-   capture.backend: sglang, validate_shard) on tests/configs/gpu-kimi.yaml: 64 samples, 256-token
-   prefill chunks; validate must report zero errors. The hooks sit on
+2. the workflow itself (snakemake: prepare_dataset, regenerate, verify_env, patch_server,
+   extract with capture.backend: sglang, validate_shard) on tests/configs/gpu-kimi.yaml: 64
+   samples, 128-token prefill chunks; validate must report zero errors. The hooks sit on
    `language_model.model.layers.i`, the names verify derives from the chain;
-3. parity: the same samples through an independent transformers forward of the wrapper's
-   language-model tensors (`DeepseekV3ForCausalLM` built from `text_config`, the `language_model.*`
-   tensors loaded strictly; eyrie/target/wrapped.py), CUDA bf16: identical input ids and mean cosine
-   >= 0.999 on every aux layer and the final state;
+3. parity: the same samples (the conversations file the store's provenance names) through an
+   independent transformers forward of the wrapper's language-model tensors
+   (`DeepseekV3ForCausalLM` built from `text_config`, the `language_model.*` tensors loaded
+   strictly; eyrie/target/wrapped.py), CUDA bf16: identical input ids and mean cosine >= 0.999 on
+   every aux layer and the final state;
 4. negative controls (tests/e2e/kimi_controls.py): (a) verify against a copy of the verified
    SGLang source whose wrapper no longer passes `set_eagle3_layers_to_capture` on must say so with
    file:line; the strict stage refuses it, the patch stage calls the setter on the inner model

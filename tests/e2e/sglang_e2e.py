@@ -2,12 +2,15 @@
 and the cost of the patch in throughput. Run by scripts/gpu_e2e_sglang.sh.
 
 1. build toy-deepseek (MLA + MoE, seeded random weights; the size SGLang was seen serving);
-2. run the workflow itself (snakemake: prepare_dataset, verify_env, patch_server, extract with
-   capture.backend: sglang, validate_shard) on tests/configs/gpu-sglang.yaml: 240 samples,
-   SGLang's --chunked-prefill-size 256, so long prompts arrive in several passes;
+2. run the workflow itself (snakemake: prepare_dataset, regenerate, verify_env, patch_server,
+   extract with capture.backend: sglang, validate_shard) on tests/configs/gpu-sglang.yaml: 240
+   samples, SGLang's --chunked-prefill-size 128, so long prompts arrive in several passes;
 3. require zero validation errors;
-4. extract the same samples with the transformers backend (cuda, bf16) and compare the stores:
-   identical input_ids, mean per-token cosine >= 0.999 on every aux layer and the final state;
+4. extract the same samples with the transformers backend (cuda, bf16) from the conversations
+   file the workflow's store records in its provenance (the regenerated split), and compare the
+   stores: identical input_ids, mean per-token cosine >= 0.999 on every aux layer and the final
+   state; where ids differ, the summary names the samples, both lengths and the first
+   differing position;
 5. time the same requests against a patched and an unpatched server (same flags otherwise):
    the throughput ratio is the patch's cost;
 6. force the other mechanism, the import hook, on the same release and check that SGLang's own
@@ -27,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from eyrie.store.compare import ids_report_lines
 
 from .harness import REPO, Run, finish
 
@@ -64,15 +69,23 @@ def markdown(summary: dict) -> str:
             "",
             f"SGLang vs transformers ({c['hf_device']}), {c['samples']} samples, "
             f"{c['tokens']} tokens, "
-            f"input_ids identical: {c['input_ids_identical']}",
+            f"input_ids identical: {c['input_ids_identical']}; both extracted "
+            f"{(summary.get('hf') or {}).get('data_path', '?')} (the store's provenance)",
             "",
             "| layer | mean cos | p01 | min | share < 0.999 |",
             "|---|---|---|---|---|",
         ]
         for name, x in c["layers"].items():
+            if x["mean"] is None:  # no shared sample with identical ids: nothing to compare
+                lines.append(f"| {name} | - | - | - | - |")
+                continue
             lines.append(
                 f"| {name} | {x['mean']:.6f} | {x['p01']:.6f} | {x['min']:.6f} | {x['below']:.2%} |"
             )
+        if differ := ids_report_lines(c):
+            lines += ["", "What kept samples from being compared (a: SGLang, b: transformers):"]
+            lines.append("")
+            lines += [f"  - {ln.strip()}" if ln[:1] == " " else f"- {ln}" for ln in differ]
     t = summary.get("throughput")
     if summary.get("throughput_skipped"):
         lines += ["", f"Throughput not measured: {summary['throughput_skipped']}."]

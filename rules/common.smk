@@ -1,5 +1,7 @@
 # Shared helpers for every stage: paths, splits and the target folder.
 
+from eyrie.common.rerun import RERUN_ENV, Rerun
+
 R = config["results"]
 SPLITS = ["train", "heldout"]
 SHARDS = [f"{i:03d}" for i in range(config["extract"]["shards"])]
@@ -89,6 +91,18 @@ def final_outputs():
     return outputs
 
 
+# How this run was started (Snakefile, folder, config files), so the commands the stages print
+# run as printed. Jobs read it from the environment, not from params: a param would rerun them
+# whenever the config files were named differently.
+RERUN = Rerun.of_workflow(
+    workflow.overwrite_configfiles or (),
+    workflow.config_settings.config_args or (),
+    workflow.main_snakefile,
+    os.getcwd(),
+)
+os.environ[RERUN_ENV] = str(RERUN)
+
+
 def warn_half_deleted_stores():
     """A store left half deleted (see rules/extract.smk): say so, and how to redo it now."""
     for split in SPLITS:
@@ -101,8 +115,8 @@ def warn_half_deleted_stores():
                 print(
                     f"Eyrie: shard store {store} is half deleted ({', '.join(gone)} missing; a "
                     "run killed while Snakemake removed it leaves this). The next job that "
-                    "needs it extracts it again; to redo it now run: snakemake --cores 1 "
-                    f"--forcerun {store} -- {store}",
+                    "needs it extracts it again; to redo it now run: "
+                    f"{RERUN.targets(store, options=('--forcerun', store))}",
                     file=sys.stderr,
                 )
 

@@ -1,5 +1,6 @@
 # Validate stage: each shard store against its input, the store format and the target; then
-# one summary table that fails the run past validate.max_errors.
+# one summary table that fails the run past validate.max_errors; its advice prints commands
+# with this run's own options (RERUN, rules/common.smk).
 
 
 rule validate_shard:

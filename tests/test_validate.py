@@ -351,7 +351,7 @@ def test_one_shard_past_max_errors_fails_naming_the_array_and_the_fix(clean, tmp
     err = capsys.readouterr().err
     assert "train/000" in err and f"more than validate.max_errors ({listed})" in err
     assert f"rm -rf {store} {store.with_name('shard-000.errors.csv')}" in err
-    assert f"snakemake --cores 1 --configfile {cfg} {store}" in err
+    assert f"`snakemake --cores 1 --configfile {cfg} -- {store}`" in err
     assert f"eyrie extract --config {cfg} --split train --shard 0" in err
     out = tmp_path / "results" / "validate" / "train" / "shard-000.json"
     report = json.loads(out.read_text())
@@ -369,8 +369,8 @@ def test_summary_past_max_errors_says_to_delete_and_reextract(clean, tmp_path):
     write_json(path, r, default=str)
     ok, msg = summarize([path], tmp_path / "s.csv", tmp_path / "s.md", max_errors=0)
     assert not ok
-    assert f"delete it and extract the shard again: rm -rf {store} {errors}" in msg
-    assert "eyrie extract --split train --shard 0" in msg
+    assert f"delete it and extract the shard again: `rm -rf {store} {errors}`" in msg
+    assert "eyrie extract --config config.yaml --split train --shard 0" in msg
 
 
 def test_half_deleted_store_is_named_as_such_with_the_fix(clean, tmp_path):

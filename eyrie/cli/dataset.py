@@ -38,6 +38,14 @@ def add_arguments(parser) -> None:
         choices=POLICIES,
         help="skip: list every problem; fail: stop at the first one (exit 1)",
     )
+    parser.add_argument(
+        "--target",
+        help="a model folder: also tokenize each conversation with its chat template, as "
+        "extraction will, and list the prompts longer than --max-tokens",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=2048, help="dataset.max_tokens (with --target)"
+    )
 
 
 def run(args) -> int:
@@ -47,17 +55,30 @@ def run(args) -> int:
 
 
 def check_dataset(args) -> int:
-    """Lists every problem even under `fail`, so one run shows all that needs fixing."""
-    from eyrie.data.dataset import DatasetError, read_chat, summary
+    """Lists every problem even under `fail`, so one run shows all that needs fixing. A file
+    with no usable conversation is an error (exit 1): a run would stop on it."""
+    from eyrie.data.dataset import DatasetError, fitting, nothing_usable, read_chat, summary
 
     try:
         convs, problems = read_chat(args.path, fmt=args.format, on_bad="skip", key=None)
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if args.target:
+        from eyrie.target.load import load_tokenizer
+
+        if args.max_tokens < 1:
+            print(f"error: --max-tokens must be at least 1, not {args.max_tokens}", file=sys.stderr)
+            return 2
+        tokenizer = load_tokenizer(args.target)  # a TargetError names the folder and the fix
+        convs, unfit = fitting(convs, args.path, tokenizer, args.max_tokens)
+        problems = sorted(problems + unfit, key=lambda p: p.line)
     for problem in problems:
         print(problem.describe())
     print(summary(args.path, convs, problems), flush=True)
+    if not convs:
+        print(f"error: {nothing_usable(args.path, None, problems)}", file=sys.stderr)
+        return 1
     bad = sum(p.is_bad for p in problems)
     if bad and args.on_bad_input == "fail":
         print(f"error: {bad} bad line(s) in {args.path}, listed above", file=sys.stderr)

@@ -4,7 +4,8 @@ SUBCOMMANDS below maps each subcommand to the eyrie.cli module that implements i
 defines `add_arguments(parser)` and `run(args) -> exit code` (a module may serve several
 subcommands). Modules are imported only when their subcommand runs, so
 `eyrie --help` stays fast. An EyrieError (a bad input, named with its fix) is caught here once
-and printed as one line with exit code 1; anything else is a bug and keeps its traceback.
+and printed as one line with exit code 1, and so is a full disk (the file, the space free there);
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import importlib
 import sys
 
 from eyrie import __version__
+from eyrie.common.disk_full import describe, is_disk_full
 from eyrie.common.errors import EyrieError
 
 # One line per subcommand: name | module | one-line help.
@@ -62,9 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         args = sub.parse_args(argv[1:])
         try:
             return int(module.run(args) or 0)
-        except EyrieError as exc:
-            print(f"eyrie {argv[0]}: {exc}", file=sys.stderr)
-            return 1
+        except Exception as exc:
+            if is_disk_full(exc):
+                print(f"eyrie {argv[0]}: {describe(exc)}", file=sys.stderr)
+                return 1
+            if isinstance(exc, EyrieError):
+                print(f"eyrie {argv[0]}: {exc}", file=sys.stderr)
+                return 1
+            raise
     parser.parse_args(argv)
     parser.print_help()
     return 0

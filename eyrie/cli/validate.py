@@ -60,10 +60,11 @@ def run(args) -> int:
         print("eyrie validate: give both --split and --shard, or neither", file=sys.stderr)
         return 2
     if args.split is not None:
+        from eyrie.common.rerun import Rerun
         from eyrie.validate.advice import over_limit
 
         _, report = validate_one(cfg, args.split, args.shard)
-        message = over_limit(report, cfg["validate"]["max_errors"], args.config)
+        message = over_limit(report, cfg["validate"]["max_errors"], Rerun.of_config(args.config))
         if message:
             print(f"eyrie validate: {message}", file=sys.stderr)
             return 1
@@ -74,8 +75,14 @@ def run(args) -> int:
         for shard in range(cfg["extract"]["shards"])
     ]
     out = Layout.of(cfg).validate_dir()
+    from eyrie.common.rerun import Rerun
+
     ok, message = summarize(
-        reports, out / "summary.csv", out / "summary.md", cfg["validate"]["max_errors"]
+        reports,
+        out / "summary.csv",
+        out / "summary.md",
+        cfg["validate"]["max_errors"],
+        rerun=Rerun.of_config(args.config),
     )
     print(message, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

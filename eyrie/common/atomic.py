@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from eyrie.common.disk_full import DiskFullError, full_message, is_disk_full
+
 
 def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -42,17 +44,25 @@ def _fsync_dir(path: Path) -> None:
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside `path` for any writer that takes a file name (pandas, torch,
     safetensors, matplotlib); on a clean exit it is fsynced and renamed onto `path`, on an error
-    it is removed and `path` keeps its old content."""
+    it is removed and `path` keeps its old content. A full disk, however the writer reports
+    it, becomes a DiskFullError naming `path` (the temporary name would tell the user nothing)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
     try:
-        yield tmp
-        _fsync_file(tmp)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp(path)
+        try:
+            yield tmp
+            _fsync_file(tmp)
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except DiskFullError:
+        raise
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        raise DiskFullError(path, full_message(path, exc)) from exc
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:

@@ -1,28 +1,119 @@
-"""A full disk during extraction: which store, how much more it needs, how much is free.
+"""A full disk: which file could not be written, how much is free, and what to do.
 
-The estimate is the tokens still to capture times the bytes per token the store has taken so
-far (or, before the first commit, the raw bf16 size of a token's states over the compression
-ratio typical of bf16 activations).
+Every stage gets the short form (`DiskFullError`, `describe`): eyrie.common.atomic raises it
+naming the output it was writing, and the script adapter and the CLI turn any other ENOSPC into
+the same message. Extraction adds an estimate (`for_extract`): the tokens still to capture times
+the bytes per token the store has taken so far (or, before the first commit, the raw bf16 size
+of a token's states over the compression ratio typical of bf16 activations).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
+from eyrie.common.errors import EyrieError
+
 TYPICAL_RATIO = 1.4  # lossless ratio of the store's codecs on bf16 hidden states (measured ~1.44)
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# How libraries that do not raise OSError report a full disk: the C library's strerror (Rust's
+# io::Error in safetensors, h5py, ...) and torch.save's stream writer, which drops the errno.
+FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "StorageFull")
+TORCH_WRITE_FAILED = "PytorchStreamWriter failed writing file"
 
 
-def is_disk_full(exc: BaseException | None) -> bool:
-    """Whether an exception, or one it was raised from, is ENOSPC (or EDQUOT, a full quota)."""
+class DiskFullError(EyrieError, OSError):
+    """A write that failed for want of space, named by the output it was writing.
+
+    An OSError with errno ENOSPC too, so code that already handles a full disk (extraction's
+    resume message) still recognizes it.
+    """
+
+    def __init__(self, path: str | Path, message: str):
+        OSError.__init__(self, errno.ENOSPC, message, str(path))
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _chain(exc: BaseException | None):
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
+        yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether an exception, or one it was raised from, is ENOSPC (or EDQUOT, a full quota),
+    also when a library reports it in its own exception class."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in FULL_ERRNOS:
+            return True
+        text = str(e)
+        if any(t in text for t in FULL_TEXTS) or TORCH_WRITE_FAILED in text:
+            return True
     return False
+
+
+def failed_path(exc: BaseException | None) -> str | None:
+    """The file an OSError of the chain names, if any."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.filename:
+            return os.fsdecode(e.filename)
+    return None
+
+
+def _existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _mount(path: Path) -> Path:
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_space(path: str | Path) -> str:
+    """'N GB free on the file system mounted at M' for the folder holding `path`."""
+    where = _existing(Path(path))
+    try:
+        free = human(shutil.disk_usage(where).free)
+    except OSError:
+        return "the free space is unknown"
+    return f"{free} is free on the file system mounted at {_mount(where)}"
+
+
+def describe(exc: BaseException, fallback: str | Path | None = None) -> str:
+    """The message for a full disk: the file being written (or `fallback`, the output of the
+    job, when the error names none), the space free there, and the fix."""
+    if isinstance(exc, DiskFullError):
+        return exc.message
+    path = failed_path(exc) or (str(fallback) if fallback else None)
+    return full_message(path, exc)
+
+
+def full_message(path: str | Path | None, exc: BaseException) -> str:
+    what = f"writing {path} failed" if path else "a write failed"
+    where = free_space(path if path else ".")
+    return (
+        f"the disk is full: {what} ({_reason(exc)}); {where}. Free space there (or set "
+        "`results` to a folder on a larger disk) and rerun the same command: outputs already "
+        "finished are kept, and this one is written again"
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in FULL_ERRNOS:
+            return e.strerror or os.strerror(e.errno)
+    return "No space left on device"
 
 
 def human(n: float) -> str:

@@ -95,11 +95,34 @@ def tokenize_chat(tokenizer, messages: list[dict], max_tokens: int) -> Tokenized
     if not mask.any():
         raise SampleError("empty_mask", "no assistant token (no assistant turn with content)")
     full_length = len(ids)
-    ids, mask = ids[:max_tokens], mask[:max_tokens]
-    if not mask.any():
+    prompt = int(mask.argmax())  # tokens before the first assistant token
+    if prompt >= max_tokens:
         raise SampleError(
             "too_long",
-            f"{full_length} tokens; the first assistant token is beyond dataset.max_tokens "
+            f"the prompt before the first assistant answer is {prompt} tokens (chat template "
+            f"included, {full_length} in all), so no answer token is within dataset.max_tokens "
             f"({max_tokens})",
         )
+    ids, mask = ids[:max_tokens], mask[:max_tokens]
     return Tokenized(ids, mask, full_length)
+
+
+# What prepare_dataset calls each reason in its problems table (extract's errors table keeps the
+# short reasons), and the fix it adds.
+PROBLEM_KINDS = {"too_long": "prompt_too_long"}
+FIXES = {
+    "too_long": "shorten the prompt, or raise dataset.max_tokens",
+    "assistant_first": "start the conversation with a user (or system) turn",
+}
+DEFAULT_FIX = "fix the conversation, or use a target whose chat template accepts it"
+
+
+def unusable(tokenizer, messages: list[dict], max_tokens: int) -> tuple[str, str] | None:
+    """(kind, reason with its fix) when extraction could not use the conversation, else None:
+    the same tokenization, so prepare_dataset refuses exactly what extraction would."""
+    try:
+        tokenize_chat(tokenizer, messages, max_tokens)
+    except SampleError as exc:
+        fix = FIXES.get(exc.reason, DEFAULT_FIX)
+        return PROBLEM_KINDS.get(exc.reason, exc.reason), f"{exc.detail}; {fix}"
+    return None

@@ -5,7 +5,9 @@ with its line number, a short `kind` and a reason that says how to fix it. Under
 policy problems are counted and returned; under `fail` the first one raises `DatasetError`.
 
 Problem kinds: not_utf8, malformed_json, lone_surrogate, not_an_object, bad_id, no_messages,
-unknown_role, bad_content, no_assistant_turn, duplicate_id. A blank line holds no sample, so it
+unknown_role, bad_content, no_assistant_turn, duplicate_id; with the target's tokenizer
+(`fitting`) also prompt_too_long and the chat template's refusals (template_error,
+assistant_first, not_prefix_stable). A blank line holds no sample, so it
 is reported as kind `blank_line`, a notice: it is listed and counted, but is never "bad" and
 never fails a run (a file that ends with an extra newline is not an error; a file that is mostly
 blank lines still shows up in the counts).
@@ -22,6 +24,7 @@ import pandas as pd
 
 from eyrie.common.atomic import write_text
 from eyrie.common.errors import EyrieError
+from eyrie.data.chat_tokens import unusable
 
 FORMATS = ("auto", "messages", "sharegpt")
 POLICIES = ("skip", "fail")
@@ -258,6 +261,40 @@ def summary(path: str | Path, convs: list[Conversation], problems: list[Problem]
     return text
 
 
+# ---------------------------------------------------------------- the target's template
+
+
+def fitting(
+    convs: list[Conversation],
+    path: str | Path,
+    tokenizer,
+    max_tokens: int,
+    *,
+    on_bad: str = "skip",
+    limit: int | None = None,
+) -> tuple[list[Conversation], list[Problem]]:
+    """The conversations extraction can use (the first `limit` of them), and a Problem for each
+    one checked that it cannot: tokenized with the target's chat template as extraction does,
+    answers past `max_tokens` are cut and kept, but a prompt that alone fills `max_tokens`
+    leaves no answer token, and a conversation the template refuses has no tokens at all.
+    Checked when the dataset is prepared, not after the whole extraction. Under on_bad "fail"
+    the first such problem raises DatasetError."""
+    kept: list[Conversation] = []
+    problems: list[Problem] = []
+    for conv in convs:
+        if limit is not None and len(kept) >= limit:
+            break  # the rest are not written, so they need no check
+        verdict = unusable(tokenizer, conv.messages, max_tokens)
+        if verdict is None:
+            kept.append(conv)
+            continue
+        problem = Problem(str(path), conv.line, *verdict, conv.id)
+        if on_bad == "fail":
+            raise DatasetError(f"{problem.describe()}\nFix the line, or {SKIP_HINT}.")
+        problems.append(problem)
+    return kept, problems
+
+
 # ---------------------------------------------------------------- writing
 
 
@@ -293,16 +330,43 @@ def prepare(
     on_bad: str = "skip",
     max_samples: int | None = None,
     split: str | None = None,
+    target: str | Path | None = None,
+    max_tokens: int | None = None,
+    kept_problems_csv: str | Path | None = None,
 ) -> dict:
     """Normalize a chat file for one split: the first `max_samples` good conversations (file
-    order) as messages JSONL, and every problem as CSV. Returns the counts it prints."""
+    order) as messages JSONL, and every problem as CSV. Returns the counts it prints.
+
+    With `target` (a model folder) each conversation is also tokenized with its chat template
+    as extraction will (`fitting`): one whose prompt alone fills `max_tokens`, or that the
+    template cannot render, is a bad line. A split left with no conversation is a DatasetError;
+    its problems table then goes to `kept_problems_csv` when given (Snakemake removes a failed
+    job's outputs, but keeps its logs).
+    """
     if max_samples is not None and max_samples < 1:
         raise DatasetError(f"dataset.max_samples.{split} is {max_samples}; use null or >= 1")
     key = f"dataset.{split}" if split else "dataset.train / dataset.heldout"
     convs, problems = read_chat(src, fmt=fmt, on_bad=on_bad, key=key)
-    kept = convs if max_samples is None else convs[:max_samples]
+    if target is not None:
+        from eyrie.target.load import load_tokenizer
+
+        tokenizer = load_tokenizer(target)
+        kept, unfit = fitting(
+            convs, src, tokenizer, int(max_tokens), on_bad=on_bad, limit=max_samples
+        )
+        unfit_lines = {p.line for p in unfit}
+        convs = [c for c in convs if c.line not in unfit_lines]
+        problems = sorted(problems + unfit, key=lambda p: p.line)
+    else:
+        kept = convs if max_samples is None else convs[:max_samples]
+    if not kept:
+        table = Path(kept_problems_csv or problems_csv)
+        write_problems(problems, table)
+        raise DatasetError(nothing_usable(src, key, problems, table))
     write_messages(kept, dst_jsonl, source=src)
     write_problems(problems, problems_csv)
+    if kept_problems_csv is not None:  # a failed run's table, now out of date
+        Path(kept_problems_csv).unlink(missing_ok=True)
     bad = [p for p in problems if p.is_bad]
     counts = {
         "good": len(convs),
@@ -313,3 +377,23 @@ def prepare(
     }
     print(f"{summary(src, convs, problems)}; wrote {len(kept)} to {dst_jsonl}", flush=True)
     return counts
+
+
+def nothing_usable(path, key: str | None, problems: list[Problem], table=None) -> str:
+    """The message for a file without one usable conversation: what its lines were, the first
+    problem, and where every problem is listed."""
+    bad = [p for p in problems if p.is_bad]
+    blank = len(problems) - len(bad)
+    named = f"{key}: {path}" if key else str(path)
+    if not bad:
+        what = f"it is empty ({blank} blank lines)" if blank else "it is empty"
+        fix = f"point {key} at a chat JSONL file" if key else "give a chat JSONL file"
+        return f"{named} holds no conversation: {what}; {fix} with at least one conversation"
+    kinds = ", ".join(f"{k}: {n}" for k, n in count_kinds(bad).items())
+    listed = ("every one is" if len(bad) > 1 else "it is") + " listed"
+    listed += f" in {table}" if table else " above"
+    lines = f"all {len(bad)} of its lines are bad" if len(bad) > 1 else "its one line is bad"
+    return (
+        f"{named} holds no usable conversation: {lines} ({kinds})"
+        f"{f', {blank} blank' if blank else ''}; {listed}. The first: {bad[0].describe()}"
+    )

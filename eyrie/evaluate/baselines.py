@@ -23,6 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyrie.common.errors import EyrieError
+
+
+class BaselineError(EyrieError, ValueError):
+    """Stores that give the baselines nothing to score; the message names them and the fix."""
+
 
 @dataclass
 class Rows:
@@ -58,7 +64,13 @@ def read_rows(store_paths, lm_head: torch.Tensor, max_len: int) -> Rows:
             token.append(s["input_ids"][1 : T - 1][keep])
             label.append(greedy[keep])
     if not label:
-        raise ValueError(f"no scored rows in {[str(p) for p in store_paths]}")
+        names = ", ".join(str(p) for p in store_paths) or "(no stores)"
+        raise BaselineError(
+            f"the stores {names} hold no position to score (a sample needs at least 3 tokens, "
+            f"within train.max_len = {max_len}, with answer tokens among them): the split "
+            "stored no usable sample. Its extraction errors tables and the dataset's problems "
+            "table (results/data/) say why; fix the dataset and rerun"
+        )
     return Rows(torch.cat(aux), torch.cat(final), torch.cat(token), torch.cat(label))
 
 

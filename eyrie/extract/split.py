@@ -50,7 +50,9 @@ def read_split(path: str | Path) -> list[Record]:
     """Every line of a split file as a Record; a repeated id or a bad line is an error record."""
     path = Path(path)
     if not path.is_file():
-        raise ExtractError(f"split file {path} does not exist; run the prepare_dataset rule")
+        # regenerate.enabled: the split is rule regenerate's output (Layout.regenerated)
+        rule = "regenerate" if path.parent.name == "regen" else "prepare_dataset"
+        raise ExtractError(f"split file {path} does not exist; run the {rule} rule")
     records, seen = [], {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f):

@@ -138,6 +138,9 @@ def regenerate_split(job: SplitJob, settings: dict, *, progress=True, generator_
             f"{work} does not hold exactly the {len(records)} conversations of {data_path} in "
             "order (it was written for other data); delete it and rerun"
         )
+    if records and not counts[GENERATED]:
+        work.unlink()  # nothing worth resuming: a rerun with the fix starts afresh
+        raise RegenerateError(nothing_generated(data_path, split, counts))
     summary = {
         "split": split,
         "input": str(data_path),
@@ -157,6 +160,31 @@ def regenerate_split(job: SplitJob, settings: dict, *, progress=True, generator_
     except OSError:  # another split's work file is still there
         pass
     return summary
+
+
+# What to change when every conversation ended the same way (turns.py's kinds).
+FIXES = {
+    "prompt_too_long": "the prompts leave no room for regenerate.max_new_tokens in the target's "
+    "positions: lower regenerate.max_new_tokens",
+    "empty_answer": "the target answered with nothing: check that its chat template ends the "
+    "prompt where an answer starts, and that it is an instruction-tuned model",
+    "request_failed": "every request to the SGLang server failed: its log (beside the output) "
+    "says why",
+    "no_assistant_turn": "no conversation has an assistant turn to regenerate",
+}
+
+
+def nothing_generated(data_path, split: str, counts: dict) -> str:
+    """The message for a split none of whose conversations was regenerated."""
+    kinds = {k: n for k, n in counts["kinds"].items() if k in FIXES}
+    why = ", ".join(f"{k}: {n}" for k, n in kinds.items()) or "no answers"
+    fixes = "; ".join(FIXES[k] for k in kinds)
+    return (
+        f"regenerate {split}: none of the {counts['input']} conversations of {data_path} was "
+        f"regenerated ({why}), so extraction would have nothing to store"
+        + (f". {fixes[0].upper()}{fixes[1:]}" if fixes else "")
+        + ". Or set regenerate.enabled: false to extract the dataset's own answers"
+    )
 
 
 def _run_chunks(fh, records, done, backend, settings: dict, split: str, progress) -> list:

@@ -22,6 +22,7 @@ from eyrie.target.files import (
     TOKENIZER_FILES,
     TargetError,
     check_folder,
+    no_chat_template,
     num_hidden_layers,
     read_architecture,
     read_config,
@@ -91,10 +92,7 @@ def load_tokenizer(path: str | Path):
     except (OSError, ValueError) as exc:
         raise TargetError(f"{KEY}: cannot load a tokenizer from {path}: {exc}") from None
     if not getattr(tok, "chat_template", None):
-        raise TargetError(
-            f"{KEY}: the tokenizer in {path} has no chat template; add chat_template.jinja "
-            "(or 'chat_template' in tokenizer_config.json) to the folder"
-        )
+        raise TargetError(no_chat_template(path))
     if not getattr(tok, "is_fast", False):
         raise TargetError(
             f"{KEY}: the tokenizer in {path} is not a fast tokenizer (no tokenizer.json); "

@@ -4,6 +4,9 @@ Damage to a store (a chunk that does not decode, a store half deleted, values th
 match the target) is fixed by deleting the store and extracting that shard again; samples the
 extraction listed in its errors table are input problems, fixed in the dataset (or accepted by
 raising validate.max_errors).
+
+The commands are the user's own (eyrie.common.rerun.Rerun: their Snakefile and folder when not
+the defaults, their --configfile files and --config values), so each runs as printed.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from eyrie.common.rerun import Rerun
 from eyrie.store.shard import ALL_ARRAYS, COMMIT_RECORD
 
 # Metadata every finished store has; one missing means the store was (partly) deleted.
@@ -35,23 +39,25 @@ def half_deleted(store: str | Path) -> str | None:
     )
 
 
-def reextract_commands(report: dict, configfile: str | None = None) -> str:
+def reextract_commands(report: dict, rerun: Rerun | None = None) -> str:
     """`rm -rf` of the shard's store and table, then the command that extracts it again."""
+    rerun = rerun or Rerun()
     store = report["store"]
     errors = report.get("errors_csv") or str(
         Path(store).with_name(Path(store).name.removesuffix(".zarr") + ".errors.csv")
     )
-    cfg = f" --configfile {shlex.quote(configfile)}" if configfile else ""
-    eyrie_cfg = f" --config {shlex.quote(configfile)}" if configfile else ""
     split, shard = report["split"], int(report["shard"])
-    return (
-        f"rm -rf {shlex.quote(store)} {shlex.quote(errors)}, then either "
-        f"`snakemake --cores 1{cfg} {shlex.quote(store)}` (or just rerun the workflow) or "
-        f"`eyrie extract{eyrie_cfg} --split {split} --shard {shard}`"
+    text = (
+        f"`{shlex.join(['rm', '-rf', rerun.local(store), rerun.local(errors)])}`, then "
+        f"`{rerun.targets(store)}` (or run the whole workflow again as before)"
     )
+    if rerun.eyrie_config is not None:
+        cfg = shlex.quote(rerun.eyrie_config)
+        text += f", or `eyrie extract --config {cfg} --split {split} --shard {shard}`"
+    return text
 
 
-def shard_advice(report: dict, configfile: str | None = None) -> str:
+def shard_advice(report: dict, rerun: Rerun | None = None) -> str:
     """One paragraph for a shard with problems: what each group of problems needs."""
     kinds = report.get("error_counts", {})
     own = {k: n for k, n in kinds.items() if not k.startswith("extract:")}
@@ -60,7 +66,7 @@ def shard_advice(report: dict, configfile: str | None = None) -> str:
     parts = []
     if own:
         what = ", ".join(f"{k}={n}" for k, n in sorted(own.items()))
-        fix = reextract_commands(report, configfile)
+        fix = reextract_commands(report, rerun)
         parts.append(
             f"shard {where} ({what}): the store is damaged or does not match its input and "
             f"target; delete it and extract the shard again: {fix}"
@@ -74,7 +80,7 @@ def shard_advice(report: dict, configfile: str | None = None) -> str:
     return "; ".join(parts)
 
 
-def over_limit(report: dict, max_errors: int, configfile: str | None = None) -> str | None:
+def over_limit(report: dict, max_errors: int, rerun: Rerun | None = None) -> str | None:
     """The message for one shard with more problems than validate.max_errors, else None."""
     total = int(report.get("errors", 0))
     if total <= max_errors:
@@ -82,5 +88,5 @@ def over_limit(report: dict, max_errors: int, configfile: str | None = None) -> 
     return (
         f"validation of shard {report['split']}/{report['shard']} ({report['store']}): "
         f"{total} errors, more than validate.max_errors ({max_errors}). "
-        f"{shard_advice(report, configfile)}"
+        f"{shard_advice(report, rerun)}"
     )

@@ -1,7 +1,8 @@
 """All shards' reports together: samples stored twice across shards, the table, the verdict.
 
 The summary fails the workflow when the errors of all shards exceed validate.max_errors, and
-then says, per failing shard, what fixes it.
+then says, per failing shard, what fixes it; and when a split stored no sample at all, whatever
+validate.max_errors allows, since training and evaluation need both splits.
 """
 
 from __future__ import annotations
@@ -101,8 +102,30 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join([head, rule, *body]) + "\n"
 
 
-def summarize(report_paths: list, csv_path, md_path, max_errors: int) -> tuple[bool, str]:
-    """Write the summary table; (ok, message) where ok is False past validate.max_errors."""
+def empty_splits(reports: list[dict]) -> list[str]:
+    """A sentence per split whose shards stored no sample."""
+    out = []
+    for split in sorted({r["split"] for r in reports}):
+        mine = [r for r in reports if r["split"] == split]
+        if sum(int(r.get("samples", 0)) for r in mine):
+            continue
+        errors = sum(int(r.get("errors", 0)) for r in mine)
+        tables = ", ".join(str(r["errors_csv"]) for r in mine if r.get("errors_csv"))
+        why = f"; its {errors} errors are listed in {tables}" if errors and tables else ""
+        out.append(
+            f"split {split} stored no sample in its {len(mine)} shard(s){why}. Training and "
+            "evaluation need samples in both splits: fix the inputs those tables name (the "
+            "dataset's problems tables under data/ list the lines prepare_dataset skipped)"
+        )
+    return out
+
+
+def summarize(
+    report_paths: list, csv_path, md_path, max_errors: int, rerun=None
+) -> tuple[bool, str]:
+    """Write the summary table; (ok, message) where ok is False past validate.max_errors or
+    when a split is empty. `rerun` (eyrie.common.rerun.Rerun): how the user runs the workflow,
+    for the commands the advice prints."""
     reports = [json.loads(Path(p).read_text()) for p in report_paths]
     cross_shard(reports)
     df = summary_table(reports)
@@ -117,16 +140,19 @@ def summarize(report_paths: list, csv_path, md_path, max_errors: int) -> tuple[b
         )
     for path, text in ((csv_path, df.to_csv(index=False)), (md_path, md)):
         write_text(path, text)
-    ok = total <= max_errors
+    empty = empty_splits(reports)
+    ok = total <= max_errors and not empty
     msg = (
         f"validation: {total} errors over {len(reports)} shards "
         f"({', '.join(f'{k}={n}' for k, n in kinds.items()) or 'none'}); "
         f"validate.max_errors is {max_errors}"
     )
-    if not ok:
+    if empty:
+        msg = "validation: " + "; ".join(empty) + f"\n{msg}"
+    if total > max_errors:
         from eyrie.validate.advice import shard_advice
 
-        advice = [shard_advice(r) for r in reports if r.get("errors")]
+        advice = [shard_advice(r, rerun) for r in reports if r.get("errors")]
         msg += (
             ". The per-shard reports list each problem with its sample id. What fixes it:\n"
             + "".join(f"- {a}\n" for a in advice if a)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from eyrie.common.atomic import write_text
 from eyrie.verify.chain import ChainAnalyzer
-from eyrie.verify.hf import check_hf, read_config_json
+from eyrie.verify.hf import check_hf, config_folder, read_config_json
 from eyrie.verify.pyindex import SourceIndex
 from eyrie.verify.registry import entry_classes, release_facts
 from eyrie.verify.report import registry, release_json, render, verify_arch
@@ -89,6 +89,18 @@ def failures(report: dict, strict: bool) -> list[str]:
     return bad
 
 
+def check_target_files(target: str | Path, architecture: str | None = None) -> None:
+    """The workflow's cheap checks of the target folder, before any job loads it: weights,
+    tokenizer and chat template present (file names only), and target.architecture one that
+    config.json declares. A TargetError names the folder and the fix."""
+    from eyrie.target.files import check_files, read_architecture
+
+    folder = config_folder(target)
+    check_files(folder)
+    if architecture:
+        read_architecture(folder, architecture)
+
+
 def run_stage(
     target: str | Path | None,
     backend: str = "hf",
@@ -106,6 +118,10 @@ def run_stage(
     if backend == "hf":
         if target is None:
             raise VerifyError("the transformers check needs the target's model folder")
+        if architecture:  # transformers builds config.json's class: refuse another name
+            from eyrie.target.files import read_architecture
+
+            read_architecture(config_folder(target), architecture)
         report["hf"].append(check_hf(target, aux_ids))
     else:
         survey = all_entries and config_json is None and not architecture

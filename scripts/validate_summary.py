@@ -6,7 +6,13 @@ from eyrie.validate.summary import summarize
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
 with rule_log(sm, threads=False):
-    ok, message = summarize(sm.input.reports, sm.output.csv, sm.output.md, sm.params.max_errors)
+    ok, message = summarize(
+        sm.input.reports,
+        sm.output.csv,
+        sm.output.md,
+        sm.params.max_errors,
+        allow_overlap=sm.params.allow_overlap,
+    )
     print(message)
 if not ok:
     raise SystemExit(f"error: {message}")

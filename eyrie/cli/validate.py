@@ -75,7 +75,11 @@ def run(args) -> int:
     ]
     out = Layout.of(cfg).validate_dir()
     ok, message = summarize(
-        reports, out / "summary.csv", out / "summary.md", cfg["validate"]["max_errors"]
+        reports,
+        out / "summary.csv",
+        out / "summary.md",
+        cfg["validate"]["max_errors"],
+        allow_overlap=cfg["dataset"].get("allow_overlap", False),
     )
     print(message, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

@@ -46,9 +46,42 @@ def check_target_folder():
 check_target_folder()
 
 
+# What the target is, by content (eyrie/target/identity.py): every rule that reads the target
+# takes it as input, so changed weights, tokenizer or config rerun what depends on them. For a
+# folder given in target.path it is brought up to date here, while the workflow is parsed, and
+# rewritten only when a file's content changed: a new mtime alone (a touch) reruns nothing, and
+# files whose size and mtime are unchanged are not hashed again (SHA256_CACHE, shared with the
+# stores' weights digest). A toy's identity is rule target_identity's, after the toy is built.
+TARGET_IDENTITY = f"{R}/target/identity.json"
+SHA256_CACHE = f"{R}/target/.sha256-cache.json"
+
+
+def record_target_identity():
+    if config["target"]["path"] in TOYS:
+        return
+    from eyrie.target.identity import update_identity
+
+    def say(text):
+        print(f"Eyrie: {text}.", file=sys.stderr)
+
+    try:
+        update_identity(target_dir(), TARGET_IDENTITY, SHA256_CACHE, say=say)
+    except OSError as exc:
+        print(
+            f"eyrie: cannot record the target's identity in {TARGET_IDENTITY}: {exc}. Make "
+            f"target.path's files readable and the results folder {R} writable.",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+
+
+record_target_identity()
+
+
 def target_config():
-    """config.json of the target: a file the workflow tracks, so a changed target reruns."""
-    return f"{target_dir()}/config.json"
+    """config.json of the target, for the rules that read it. ancient(): whether the target
+    changed is TARGET_IDENTITY's to say, by content; a toy folder is still built first."""
+    return ancient(f"{target_dir()}/config.json")
 
 
 # The bundle the extract jobs use: capture.sglang.bundle, or the one patch_server builds.

@@ -26,3 +26,38 @@ rule prepare_dataset:
         "../envs/eyrie.yaml"
     script:
         "../scripts/prepare_dataset.py"
+
+
+wildcard_constraints:
+    splits="data|regen",
+
+
+# Held-out samples that are train samples too (eyrie/data/overlap.py): the prepared splits
+# (data/), and the regenerated ones (regen/) that extraction then reads. A shared sample stops
+# the run, naming both files and the samples, unless dataset.allow_overlap counts it instead.
+rule check_overlap:
+    input:
+        train=f"{R}/{{splits}}/train.jsonl",
+        heldout=f"{R}/{{splits}}/heldout.jsonl",
+    output:
+        report=f"{R}/{{splits}}/overlap.json",
+    params:
+        sources={split: config["dataset"][split] for split in SPLITS},
+        allow=config["dataset"]["allow_overlap"],
+        # regenerated answers are the target's own: with regeneration, the same prompts count
+        key="prompts" if config["regenerate"]["enabled"] else "conversation",
+    log:
+        f"{R}/logs/check_overlap/{{splits}}.log",
+    benchmark:
+        f"{R}/benchmarks/check_overlap/{{splits}}.tsv"
+    conda:
+        "../envs/eyrie.yaml"
+    script:
+        "../scripts/check_overlap.py"
+
+
+# What extraction waits for: the check of the splits it reads. ancient(): a gate, not data, so a
+# passing recheck (e.g. after dataset.train changed) does not redo the other split's stores.
+OVERLAP_CHECKED = ancient(
+    f"{R}/regen/overlap.json" if config["regenerate"]["enabled"] else f"{R}/data/overlap.json"
+)

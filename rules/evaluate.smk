@@ -20,6 +20,7 @@ rule evaluate_acceptance:
         tables=error_tables("heldout"),  # a half-deleted store is extracted again first
         drafter=f"{R}/train/drafter/model.safetensors",
         target=target_config(),
+        identity=TARGET_IDENTITY,
     output:
         json=f"{R}/evaluate/acceptance.json",
         csv=f"{R}/evaluate/acceptance.csv",
@@ -49,6 +50,7 @@ rule evaluate_baselines:
         # a gate, not data: a rerun of validation alone (e.g. a new threshold) does not rerun it
         validated=ancient(f"{R}/validate/summary.csv"),
         target=target_config(),
+        identity=TARGET_IDENTITY,
     output:
         json=f"{R}/evaluate/baselines.json",
     params:
@@ -74,6 +76,7 @@ rule evaluate_speculate:
         prompts=f"{R}/data/heldout.jsonl",
         drafter=f"{R}/train/drafter/model.safetensors",
         target=target_config(),
+        identity=TARGET_IDENTITY,
     output:
         json=f"{R}/evaluate/speculate.json",
     params:
@@ -98,6 +101,7 @@ rule evaluate_sglang:
     input:
         prompts=f"{R}/data/heldout.jsonl",
         target=target_config(),
+        identity=TARGET_IDENTITY,
         draft=SGLANG_DRAFT,
     output:
         json=f"{R}/evaluate/online_sglang.json",

@@ -19,7 +19,9 @@ rule extract:
     input:
         data=split_data,
         target=target_config(),
+        identity=TARGET_IDENTITY,
         verify=f"{R}/verify/report.json",
+        overlap=OVERLAP_CHECKED,  # no held-out sample is a train sample (rules/data.smk)
         patch=PATCH_INPUTS,  # the SGLang patch bundle (rules/patch.smk); none for hf
     output:
         errors=f"{R}/store/{{split}}/shard-{{shard}}.errors.csv",  # first: see above
@@ -30,7 +32,7 @@ rule extract:
         capture=EXTRACT_CAPTURE,  # config["capture"], plus the bundle's folder for sglang
         extract=config["extract"],
         max_tokens=config["dataset"]["max_tokens"],
-        weights_cache=f"{R}/store/.weights-sha256.json",
+        weights_cache=SHA256_CACHE,  # the target's digests (rules/common.smk)
     threads: 1
     resources:
         mem_mb=8000,

@@ -7,7 +7,9 @@
 rule regenerate:
     input:
         data=f"{R}/data/{{split}}.jsonl",
+        overlap=ancient(f"{R}/data/overlap.json"),  # checked before any generation
         target=target_config(),
+        identity=TARGET_IDENTITY,
     output:
         jsonl=f"{R}/regen/{{split}}.jsonl",
         summary=f"{R}/regen/{{split}}.summary.json",

@@ -40,3 +40,24 @@ rule build_toy_kimi:
         "../envs/eyrie.yaml"
     script:
         "../scripts/build_toy.py"
+
+
+if config["target"]["path"] in TOYS:
+
+    # A toy's identity (rules/common.smk records a configured folder's while parsing): the
+    # toy's files are this workflow's own outputs, so the rule reruns when they are rebuilt.
+    rule target_identity:
+        input:
+            config=f"{R}/targets/{config['target']['path']}/config.json",
+            weights=f"{R}/targets/{config['target']['path']}/model.safetensors",
+        output:
+            identity=TARGET_IDENTITY,
+        params:
+            cache=SHA256_CACHE,
+        localrule: True  # seconds of hashing: no cluster job for that
+        log:
+            f"{R}/logs/target_identity.log",
+        conda:
+            "../envs/eyrie.yaml"
+        script:
+            "../scripts/target_identity.py"

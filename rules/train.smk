@@ -14,6 +14,7 @@ rule draft_vocab:
         # a gate, not data: a rerun of validation alone (e.g. a new threshold) does not retrain
         validated=ancient(f"{R}/validate/summary.csv"),
         target=target_config(),
+        identity=TARGET_IDENTITY,
     output:
         vocab=f"{R}/draft_vocab/vocab.safetensors",
         summary=f"{R}/draft_vocab/vocab.json",
@@ -38,6 +39,7 @@ rule train_drafter:
         validated=ancient(f"{R}/validate/summary.csv"),
         vocab=f"{R}/draft_vocab/vocab.safetensors",
         target=target_config(),
+        identity=TARGET_IDENTITY,
     output:
         weights=f"{R}/train/drafter/model.safetensors",
         meta=f"{R}/train/drafter/drafter.json",
@@ -64,6 +66,7 @@ rule export_drafter:
         store=f"{R}/store/train/shard-000.zarr",
         table=f"{R}/store/train/shard-000.errors.csv",
         target=target_config(),
+        identity=TARGET_IDENTITY,
     output:
         folder=directory(f"{R}/export/{{engine}}"),
         check=f"{R}/export/{{engine}}.check.json",

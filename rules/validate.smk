@@ -9,6 +9,7 @@ rule validate_shard:
         errors=f"{R}/store/{{split}}/shard-{{shard}}.errors.csv",
         data=split_data,
         target=target_config(),
+        identity=TARGET_IDENTITY,
     output:
         report=f"{R}/validate/{{split}}/shard-{{shard}}.json",
     params:
@@ -42,6 +43,7 @@ rule validate_summary:
         md=f"{R}/validate/summary.md",
     params:
         max_errors=config["validate"]["max_errors"],
+        allow_overlap=config["dataset"]["allow_overlap"],  # ids shared by the splits allowed
     log:
         f"{R}/logs/validate/summary.log",
     benchmark:

@@ -7,6 +7,7 @@
 rule verify_env:
     input:
         target=target_config(),
+        identity=TARGET_IDENTITY,
     output:
         json=f"{R}/verify/report.json",
         md=f"{R}/verify/report.md",

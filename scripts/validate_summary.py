@@ -13,6 +13,7 @@ with rule_log(sm, threads=False):
         sm.output.md,
         sm.params.max_errors,
         rerun=Rerun.from_environ(),  # the user's config files (rules/common.smk)
+        allow_overlap=sm.params.allow_overlap,
     )
     print(message)
 if not ok:

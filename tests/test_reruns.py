@@ -9,6 +9,7 @@ check the plan was honest: which jobs ran (their blocks in the log), which files
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -40,7 +41,7 @@ def _files(wf: Workflow) -> dict[str, int]:
     the scratch folder.
 
     Left out: scratch space, and hidden names, which are caches and scratch too (e.g.
-    store/.weights-sha256.json, which every extract job refreshes, and extract's store/*/.work);
+    target/.sha256-cache.json, the target's file digests, and extract's store/*/.work);
     Snakemake's own .snakemake_timestamp counts.
     """
     root = wf.path("results")
@@ -132,6 +133,20 @@ def test_training_hyperparameter_reruns_only_training_export_evaluation(copy):
     metrics = pd.read_csv(wf.path("results/train/metrics.csv"))
     assert metrics["step"].tolist() == list(range(1, len(metrics) + 1))
     assert metrics["lr"].max() == pytest.approx(0.002)
+
+
+def test_forced_training_rerun_trains_again_from_step_zero(copy):
+    """-R train_drafter retrains: a finished training leaves no checkpoint to reload."""
+    before = copy.path("results/train/metrics.csv").read_text()
+    copy.run("--forcerun", "train_drafter", "--until", "train_drafter")
+    log = copy.path("results/logs/train_drafter.log").read_text()
+    assert "training 3 steps from step 0 (fresh start)" in log, log
+    assert not list(copy.path("results/train/work").glob("ckpt-*"))  # none left to reload
+    after = pd.read_csv(copy.path("results/train/metrics.csv"))
+    assert after["step"].tolist() == [1, 2, 3]
+    # the same settings, data and code train the same drafter
+    before = pd.read_csv(io.StringIO(before)).drop(columns="elapsed_s")
+    pd.testing.assert_frame_equal(after.drop(columns="elapsed_s"), before, rtol=1e-3)
 
 
 def test_validation_threshold_reruns_validation_not_training(copy):

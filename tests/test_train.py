@@ -137,7 +137,14 @@ def read_metrics(path):
         return list(csv.DictReader(f))
 
 
-def test_train_end_to_end_and_rerun(tmp_path):
+def _numbers(rows: list[dict]) -> list[dict]:
+    """The metrics rows without their timings."""
+    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows]
+
+
+def test_train_end_to_end_and_rerun(tmp_path, monkeypatch):
+    from eyrie.train import trainer
+
     s = make_setup(tmp_path)
     out = tmp_path / "train"
     settings = tiny_settings(max_steps=16)
@@ -150,7 +157,10 @@ def test_train_end_to_end_and_rerun(tmp_path):
         settings=settings,
         progress=False,
     )
-    summary = train(**kw)
+    # As if killed after writing the drafter, before the run removed its checkpoints.
+    with monkeypatch.context() as m:
+        m.setattr(trainer, "finish_work", lambda work: None, raising=False)
+        summary = train(**kw)
     rows = read_metrics(out / "metrics.csv")
     assert [int(r["step"]) for r in rows] == list(range(1, 17))
     first = sum(float(r["loss"]) for r in rows[:3])
@@ -168,15 +178,72 @@ def test_train_end_to_end_and_rerun(tmp_path):
     state = torch.load(ckpts[-1] / "state.pt", weights_only=True)
     assert state["step"] == 16 and state["optimizer"]["state"]
 
-    # a rerun with the same settings resumes at the end: nothing is trained again
+    # the unfinished run resumes at its last checkpoint: nothing is trained again, and once
+    # the drafter is written the checkpoints are gone
     again = train(**kw)
     assert again["resumed_from"] == 16
     assert read_metrics(out / "metrics.csv") == rows
+    assert not list((out / "work").glob("ckpt-*"))
+    # a rerun of the finished training (snakemake -R train_drafter) trains again, from step 0
+    forced = train(**kw)
+    assert forced["resumed_from"] == 0
+    assert _numbers(read_metrics(out / "metrics.csv")) == _numbers(rows)
     # other settings: the old checkpoints are stale and training starts again
+    monkeypatch.setattr(trainer, "finish_work", lambda work: None, raising=False)
     kw["settings"] = tiny_settings(max_steps=5, lr=1e-3)
     fresh = train(**kw)
     assert fresh["resumed_from"] == 0
     assert len(read_metrics(out / "metrics.csv")) == 5
+
+
+def test_a_checkpoint_of_other_trainer_code_is_not_resumed(tmp_path, monkeypatch):
+    from eyrie.train import checkpoint, trainer
+
+    s = make_setup(tmp_path, n_train=8, n_heldout=2)
+    out = tmp_path / "train"
+    kw = dict(
+        train_stores=s["train"],
+        heldout_stores=[],
+        target_dir=s["target"],
+        vocab_path=s["vocab"],
+        out_dir=out,
+        settings=tiny_settings(max_steps=4, checkpoint_every=2),
+        progress=False,
+    )
+    monkeypatch.setattr(trainer, "finish_work", lambda work: None, raising=False)  # a kill
+    train(**kw)
+    assert train(**kw)["resumed_from"] == 4  # same code: resumed
+    monkeypatch.setattr(checkpoint, "code_digest", lambda: "a fixed trainer", raising=False)
+    assert train(**kw)["resumed_from"] == 0  # other code: trained again
+
+
+def test_code_digest_covers_the_code_training_runs(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    import eyrie
+    from eyrie.train.checkpoint import code_digest
+
+    root = tmp_path / "src"
+    shutil.copytree(Path(eyrie.__file__).parent, root / "eyrie")
+    base = code_digest(root)
+    assert base == code_digest.__wrapped__(Path(eyrie.__file__).resolve().parent.parent)
+
+    def edited(rel: str) -> str:
+        path = root / "eyrie" / rel
+        text = path.read_text()
+        path.write_text(text + "\n# edited\n")
+        try:
+            return code_digest.__wrapped__(root)
+        finally:
+            path.write_text(text)
+
+    # the trainer, what it imports, and what those import (inside functions too)
+    for rel in ("train/trainer.py", "train/loss.py", "store/reader.py", "common/atomic.py"):
+        assert edited(rel) != base, rel
+    # stages training never runs
+    for rel in ("evaluate/report.py", "export/drafter.py", "cli/train.py"):
+        assert edited(rel) == base, rel
 
 
 def test_train_refuses_a_vocabulary_of_another_target(tmp_path):

@@ -46,7 +46,7 @@ def run(args) -> int:
         extract=cfg["extract"],
         max_tokens=cfg["dataset"]["max_tokens"],
         commit_every=args.commit_every,
-        weights_cache=layout.weights_cache(),
+        weights_cache=layout.sha256_cache(),
         progress=not args.no_progress,
     )
     cut = f", {out.truncated} cut at dataset.max_tokens" if out.truncated else ""

@@ -83,6 +83,7 @@ def run(args) -> int:
         out / "summary.md",
         cfg["validate"]["max_errors"],
         rerun=Rerun.of_config(args.config),
+        allow_overlap=cfg["dataset"].get("allow_overlap", False),
     )
     print(message, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

@@ -7,16 +7,13 @@ model runs in bfloat16 (as it is served); on the CPU in float32, since CPU bf16 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from eyrie.common.atomic import write_text
 from eyrie.common.layout import Layout
-from eyrie.common.provenance import file_sha256, package_versions
+from eyrie.common.provenance import package_versions
 from eyrie.target.files import (
     KEY,
     TOKENIZER_FILES,
@@ -28,6 +25,7 @@ from eyrie.target.files import (
     read_config,
     weight_files,
 )
+from eyrie.target.identity import tokenizer_sha256, weights_sha256
 
 # Callers that load a target also name its folder's pieces and the versions it ran with.
 __all__ = [
@@ -131,40 +129,6 @@ def load_target(path: str | Path, *, device: str = "auto", architecture: str | N
     tokenizer = load_tokenizer(path)
     model, arch = load_model(path, dev, architecture)
     return Target(Path(path), model, tokenizer, dev, capture_dtype(dev), arch)
-
-
-def _combined(files: list[Path], cache_file: str | Path | None = None) -> str:
-    """sha256 over (name, sha256 of file) pairs; per-file digests may be cached by size+mtime."""
-    cache: dict = {}
-    if cache_file and Path(cache_file).is_file():
-        try:
-            cache = json.loads(Path(cache_file).read_text())
-        except json.JSONDecodeError:
-            cache = {}
-    outer = hashlib.sha256()
-    changed = False
-    for f in files:
-        st = f.stat()
-        key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-        if key not in cache:
-            cache[key] = file_sha256(f)
-            changed = True
-        outer.update(f"{f.name}:{cache[key]}\n".encode())
-    if cache_file and changed:
-        write_text(cache_file, json.dumps(cache, indent=1))
-    return outer.hexdigest()
-
-
-def weights_sha256(path: str | Path, cache_file: str | Path | None = None) -> str:
-    """One digest for all safetensors files of the folder (hundreds of GB: pass a cache file)."""
-    return _combined(weight_files(path), cache_file)
-
-
-def tokenizer_sha256(path: str | Path) -> str:
-    files = [Path(path) / n for n in TOKENIZER_FILES if (Path(path) / n).is_file()]
-    if not files:
-        raise TargetError(f"{KEY}: {path} holds no tokenizer files ({', '.join(TOKENIZER_FILES)})")
-    return _combined(files)
 
 
 TOY_DEEPSEEK = "toy-deepseek"

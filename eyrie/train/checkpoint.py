@@ -2,13 +2,17 @@
 
 A checkpoint (weights in safetensors; optimizer, scheduler, step and RNG state in a torch.save
 file read back with weights_only=True) is written to a temp folder and renamed into place every
-``checkpoint_every`` steps. A rerun with the same settings and data (the same run_identity)
-continues from the newest one and truncates metrics.csv to it, so a killed run resumed equals
-an unbroken one; a rerun with other settings removes the stale checkpoints and starts again.
+``checkpoint_every`` steps. A rerun with the same settings, data and code (the same
+run_identity) continues from the newest one and truncates metrics.csv to it, so a killed run
+resumed equals an unbroken one; a rerun with other settings, data or code removes the stale
+checkpoints and starts again. Checkpoints exist only while a training is unfinished: the run
+that writes the drafter removes them (finish_work), so a rerun of a finished training (e.g.
+`snakemake -R train_drafter`) trains again from step 0 rather than reloading the last one.
 """
 
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
 import json
@@ -16,6 +20,7 @@ import logging
 import os
 import shutil
 import uuid
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -128,8 +133,49 @@ def run_identity(settings: dict, cfg: DrafterConfig, stores: list[dict], vocab_p
         "stores": [{k: v for k, v in s.items() if k != "path"} for s in stores],
         "vocab_sha256": file_sha256(Path(vocab_path)),
         "target_config_sha256": file_sha256(Path(target_dir) / "config.json"),
+        "code_sha256": code_digest(),
+        "torch": torch.__version__,
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def trainer_modules(root: Path, entry: str = "eyrie.train.trainer") -> dict[str, Path]:
+    """The eyrie modules `entry` imports, followed through their own imports (those inside
+    functions too), by name: the code a training run executes, read from its import statements
+    so that it follows the code as it moves (eyrie/train, what they use of eyrie/store and
+    eyrie/common), without the stages training never runs (report, export, the CLI)."""
+    found: dict[str, Path] = {}
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        base = root / name.replace(".", "/")
+        files = (base.with_suffix(".py"), base / "__init__.py")
+        path = next((p for p in files if p.is_file()), None)
+        if name in found or path is None:
+            continue
+        found[name] = path
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name.startswith("eyrie.")]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eyrie."):
+                # `from eyrie.pkg import module` names a module too
+                todo += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return found
+
+
+@cache
+def code_digest(root: Path | None = None) -> str:
+    """sha256 of the trainer's code (trainer_modules) under `root`, by default the folder of the
+    eyrie package this process runs: checkpoints written by other code are stale, so a fix to
+    the trainer is trained with, not resumed past."""
+    if root is None:
+        import eyrie
+
+        root = Path(eyrie.__file__).resolve().parent.parent
+    outer = hashlib.sha256()
+    for name, path in sorted(trainer_modules(root).items()):
+        outer.update(f"{name}:{file_sha256(path)}\n".encode())
+    return outer.hexdigest()
 
 
 def prepare_work(work: Path, identity: str) -> Path | None:
@@ -143,7 +189,15 @@ def prepare_work(work: Path, identity: str) -> Path | None:
     meta = json.loads((found[-1] / "meta.json").read_text())
     if meta.get("identity") == identity:
         return found[-1]
-    log.warning("%s holds checkpoints of other settings or data; starting again", work)
+    log.warning("%s holds checkpoints of other settings, data or code; starting again", work)
     for p in found:
         shutil.rmtree(p, ignore_errors=True)
     return None
+
+
+def finish_work(work: Path) -> None:
+    """Remove the checkpoints of a training whose drafter is written: they were kept to resume
+    it, and a rerun must train again (a kill before this resumes from the last one, which
+    writes the same drafter)."""
+    for p in checkpoints(work):
+        shutil.rmtree(p, ignore_errors=True)

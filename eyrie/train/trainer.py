@@ -42,6 +42,7 @@ from eyrie.common.hf_config import text_config
 from eyrie.common.provenance import file_sha256
 from eyrie.train.checkpoint import (
     checkpoints,
+    finish_work,
     load_checkpoint,
     metric_columns,
     prepare_work,
@@ -187,6 +188,7 @@ def train(
         )
     if d.main:
         write_outputs(run, out, work, total, identity, held, target_dir, vocab_path)
+        finish_work(work)
     d.barrier()
     return {
         "steps": total,

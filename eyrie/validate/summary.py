@@ -17,12 +17,14 @@ from eyrie.common.atomic import write_text
 from eyrie.validate.problems import KINDS
 
 
-def cross_shard(reports: list[dict]) -> None:
-    """Add a cross_shard problem to a report for each sample another shard also stores."""
+def cross_shard(reports: list[dict], across_splits: bool = True) -> None:
+    """Add a cross_shard problem to a report for each sample another shard also stores; of the
+    same split only when not `across_splits` (dataset.allow_overlap: the splits may share)."""
     import zarr
 
-    owner: dict[str, str] = {}
+    owners: dict[str, dict[str, str]] = {}
     for rep in reports:
+        owner = owners.setdefault("all" if across_splits else rep["split"], {})
         try:
             group = zarr.open_group(zarr.storage.LocalStore(rep["store"], read_only=True), mode="r")
             n = int(json.loads((Path(rep["store"]) / "commit.json").read_text())["num_samples"])
@@ -121,13 +123,19 @@ def empty_splits(reports: list[dict]) -> list[str]:
 
 
 def summarize(
-    report_paths: list, csv_path, md_path, max_errors: int, rerun=None
+    report_paths: list,
+    csv_path,
+    md_path,
+    max_errors: int,
+    rerun=None,
+    allow_overlap: bool = False,
 ) -> tuple[bool, str]:
     """Write the summary table; (ok, message) where ok is False past validate.max_errors or
     when a split is empty. `rerun` (eyrie.common.rerun.Rerun): how the user runs the workflow,
-    for the commands the advice prints."""
+    for the commands the advice prints; `allow_overlap`: ids shared by the two splits are not
+    errors (dataset.allow_overlap)."""
     reports = [json.loads(Path(p).read_text()) for p in report_paths]
-    cross_shard(reports)
+    cross_shard(reports, across_splits=not allow_overlap)
     df = summary_table(reports)
     total = int(df.iloc[-1]["errors"])
     kinds = {c[4:]: int(df.iloc[-1][c]) for c in df.columns if c.startswith("err:")}

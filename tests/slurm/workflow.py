@@ -169,6 +169,19 @@ class Workflow:
         """The jobs `snakemake -n` would run now, with their reasons."""
         return parse_plan(self.run("-n", *args, profile=profile, timeout=120))
 
+    def pretend_finished(self) -> None:
+        """Fake a finished run in seconds: every planned output created empty (folders for
+        directory() outputs), then `snakemake --touch` puts their mtimes in the jobs' order."""
+        for job in self.plan():
+            for out in job.output.split(", ") if job.output else []:
+                path = self.path(out)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if out.endswith(".zarr") or path.parent.name == "export":
+                    path.mkdir(exist_ok=True)
+                else:
+                    path.touch()
+        self.run("--touch", "--cores", "1", timeout=120)
+
     def summary(self, *args: str) -> dict[str, dict[str, str]]:
         """`snakemake --summary` by output file: date, rule, status (why), plan (what next)."""
         lines = self.run("--summary", *args, timeout=120).splitlines()

@@ -4,7 +4,9 @@ Each sample goes out as one request: its token ids, rid = the job's prefix + the
 max_new_tokens 1 (a prefill and one sampled token), a bounded number at a time (threads). The
 patch in the server (eyrie/sglang/patch) writes the request's states to the dump folder, and
 eyrie.extract.dumps joins and checks them. Before a request goes out the client waits while the
-dump folder holds more than capture.sglang.max_dump_bytes.
+dump folder holds more than capture.sglang.max_dump_bytes. While it waits for answers, the
+server is watched (eyrie.extract.sglang_faults): a server that dies, hangs or answers errors
+stops the job within seconds, with one message naming the server, the shard and the next step.
 
 Everything around the capture is the extract job's (eyrie.extract.job): shard membership,
 tokenization, commit groups, errors table, resume and provenance. The store gets the same arrays
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,18 +32,20 @@ import torch
 from eyrie.common.hf_config import text_config
 from eyrie.common.provenance import file_sha256
 from eyrie.extract.dumps import DumpFolder, SglangError
-from eyrie.extract.job import Prepared
-from eyrie.sglang.http import HttpError, http_ok, post_json
+from eyrie.extract.job import Prepared, work_paths
+from eyrie.extract.sglang_faults import Place, Watch, read_answer, request_failed
+from eyrie.sglang.http import HttpError, Inflight, get_status, post_json
 from eyrie.sglang.launch import capture_command, launcher
 from eyrie.sglang.patch import protocol as proto
 from eyrie.sglang.patch.bundle import check_installed, installed_package, server_args, server_env
 from eyrie.sglang.patch.manifest import load_manifest
-from eyrie.sglang.patch.settings import PatchError, sglang_settings
+from eyrie.sglang.patch.settings import PatchError, defaults, sglang_settings
 from eyrie.sglang.server import ServerError, ready_server
 
 log = logging.getLogger("eyrie.sglang")
 
 STATES_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+POLL_S = 0.2  # how often the job's thread, waiting for answers, looks at the server's state
 
 __all__ = ["DumpFolder", "SglangBackend", "SglangCapture", "SglangError", "patched_server"]
 
@@ -57,9 +62,20 @@ def settings_of(capture: dict) -> dict:
 
 
 class SglangCapture:
-    """Captures samples through a patched server, a bounded number of requests at a time."""
+    """Captures samples through a patched server, a bounded number of requests at a time.
 
-    def __init__(self, url: str, folder: DumpFolder, settings: dict, rid_prefix: str):
+    `place` names the server and the shard in fault messages (by default the server alone).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        folder: DumpFolder,
+        settings: dict,
+        rid_prefix: str,
+        *,
+        place: Place | None = None,
+    ):
         self.url = url.rstrip("/")
         self.folder = folder
         self.rid_prefix = rid_prefix
@@ -68,11 +84,20 @@ class SglangCapture:
         self.dump_timeout = float(settings["dump_timeout_s"])
         self.max_bytes = int(settings["max_dump_bytes"])
         self.dtype = settings["dtype"]
+        health = settings.get("health_timeout_s") or defaults()["health_timeout_s"]
+        server = folder.server  # the launched SglangServer; None for an external one
+        log = folder.server_log if server is not None else None
+        place = place or Place(self.url, dump_dir=folder.path, bundle=folder.bundle)
+        self.place = replace(place, url=self.url, log=log)
+        self.inflight = Inflight()
+        self.watch = Watch(self.place, server, float(health), on_fault=self.inflight.cancel)
         self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eyrie-sglang")
 
     def close(self) -> None:
-        """Stop: queued requests are dropped, threads still waiting give up."""
+        """Stop: queued requests are dropped, requests in flight cut, waiting threads give up."""
         self.folder.closed = True
+        self.watch.close()
+        self.inflight.cancel()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _room(self) -> None:
@@ -101,20 +126,21 @@ class SglangCapture:
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
         }
         try:
-            status, body = post_json(f"{self.url}/generate", payload, self.request_timeout)
+            status, body = post_json(
+                f"{self.url}/generate", payload, self.request_timeout, inflight=self.inflight
+            )
         except HttpError as exc:
-            server = self.folder.server
-            if server is not None and not server.alive():
-                raise server.failure(f"{exc}; the SGLang server died") from None
-            raise SglangError(str(exc)) from None
+            if self.inflight.cancelled:  # the job stops for a fault found elsewhere
+                raise SglangError("the job is stopping") from None
+            raise request_failed(self.watch, exc, sample_id, self.request_timeout) from None
         if isinstance(body, list):
             body = body[0] if body else {}
-        if status >= 500:
-            raise SglangError(f"the server failed on sample {sample_id!r} ({status}): {body}")
-        if status != 200:
-            detail = body.get("error") or body.get("message") or body.get("detail") or body
-            self.folder.clear(rid)
-            return ("error", "server_rejected", f"HTTP {status}: {str(detail)[:300]}")
+        verdict = read_answer(self.place, sample_id, status, body)
+        if verdict is not None:
+            self.folder.clear(rid)  # what the server dumped before it failed or refused
+            if isinstance(verdict, SglangError):
+                raise verdict
+            return verdict
         if "output_ids" not in body:
             raise SglangError(
                 f"{self.url}/generate answered without output_ids (keys {sorted(body)}); the "
@@ -130,7 +156,8 @@ class SglangCapture:
         if meta.get("prompt_tokens") not in (None, len(input_ids)):
             raise SglangError(
                 f"the server read {meta['prompt_tokens']} prompt tokens of sample {sample_id!r}, "
-                f"not {len(input_ids)}"
+                f"not {len(input_ids)}; a server started with --allow-auto-truncate cuts long "
+                "prompts: start it without"
             )
         aux, final = self.folder.collect(rid, input_ids, self.dump_timeout)
         want = STATES_DTYPES.get(self.dtype)
@@ -142,14 +169,24 @@ class SglangCapture:
         return aux, final
 
     def capture(self, samples: list[tuple[str, np.ndarray]]) -> list:
-        """one() for each (sample_id, input_ids), in order; the first failure stops the rest."""
+        """one() for each (sample_id, input_ids), in order.
+
+        The first failure, or a fault of the server seen meanwhile (a dead process, no answer
+        to /health), stops the rest: queued requests are dropped and those in flight cut."""
+        self.watch.start()
         futures = [self.pool.submit(self.one, sid, ids) for sid, ids in samples]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for f in futures:
-            if f.done() and f.exception() is not None:
-                for other in pending:
-                    other.cancel()
-                raise f.exception()
+        pending = set(futures)
+        try:
+            while pending:
+                _, pending = wait(pending, timeout=POLL_S, return_when=FIRST_EXCEPTION)
+                failed = [f for f in futures if f.done() and not f.cancelled() and f.exception()]
+                if failed or pending:
+                    self.watch.check(len(pending))  # a server's fault explains any failure
+                if failed:
+                    raise failed[0].exception()
+        except BaseException:
+            self.close()
+            raise
         return [f.result() for f in futures]
 
 
@@ -167,6 +204,24 @@ def _dump_folder(s: dict) -> tuple[Path, bool]:
         log.warning("capture.sglang.dump_root %s does not exist; using %s", root, fallback)
         root = fallback
     return Path(tempfile.mkdtemp(prefix="eyrie-dump-", dir=root)), True  # mode 0700
+
+
+def external_ready(url: str, timeout: float, bundle: Path, dump_dir: Path) -> None:
+    """Wait until an external server answers GET /health with 200; a busy one may answer 503
+    (SGLang's /health waits for its scheduler), so it gets capture.sglang.health_timeout_s."""
+    deadline, why = time.monotonic() + timeout, "no answer"
+    while True:
+        status, no_answer = get_status(f"{url}/health", timeout=max(1.0, min(30.0, timeout)))
+        if status == 200:
+            return
+        why = no_answer or f"HTTP {status}"
+        if no_answer == "connection refused" or time.monotonic() > deadline:
+            raise SglangError(
+                f"the SGLang server at {url} (capture.sglang.url) does not answer GET /health "
+                f"with 200 ({why}); start it with {bundle}/launch.sh MODEL_DIR PORT and "
+                f"EYRIE_PATCH_DUMP_DIR={dump_dir}, or set capture.sglang.url to a running one"
+            )
+        time.sleep(1.0)
 
 
 @contextlib.contextmanager
@@ -196,8 +251,8 @@ def patched_server(
     try:
         if external:
             url = settings["url"].rstrip("/")
-            if not http_ok(f"{url}/health", timeout=30):
-                raise SglangError(f"the server at {url} does not answer GET /health")
+            health = settings.get("health_timeout_s") or defaults()["health_timeout_s"]
+            external_ready(url, float(health), bundle, path)
             folder.check_loaded(manifest["mechanism"], rid_prefix, wait_s=2.0)
             yield url, folder
             return
@@ -271,6 +326,8 @@ class SglangBackend:
             raise SglangError(str(exc)) from None
         self.architecture, self.target = architecture, target
         self.rid_prefix = f"{self.s['rid_prefix']}{split}.{shard:03d}:"
+        self.shard_label = f"{split}/{shard:03d}"
+        self.work_store = work_paths(out_store, errors_csv)[0]  # where the commits are
         log_dir = Path(self.s["log_dir"]) if self.s["log_dir"] else Path(errors_csv).parent
         self.server_log = log_dir / f"{Path(out_store).stem}.sglang.log"
         self.target_path = None
@@ -323,7 +380,14 @@ class SglangBackend:
             log_path=self.server_log,
         ) as (url, folder):
             self.stats = folder.stats
-            cap = SglangCapture(url, folder, self.s, self.rid_prefix)
+            place = Place(
+                url,
+                shard=self.shard_label,
+                store=self.work_store,
+                dump_dir=folder.path,
+                bundle=self.bundle,
+            )
+            cap = SglangCapture(url, folder, self.s, self.rid_prefix, place=place)
             try:
 
                 def submit(group):

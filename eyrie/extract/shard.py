@@ -46,6 +46,21 @@ log = logging.getLogger("eyrie.extract.shard")
 # extract settings that change only speed: left out of a store's provenance (shard_encoder is
 # not in the config schema: benchmarks/bench_extract.py sets it to compare the two writers)
 WRITER_KNOBS = ("writer_threads", "writer_process", "shard_encoder", "pin_forward")
+# capture.sglang settings that say how to reach and wait on the server, not what it computes:
+# left out of the provenance too, so that a rerun after a server's fault resumes the store with
+# a restarted server (a new url) or a lower concurrency instead of starting it again
+SERVER_KNOBS = (
+    "url",
+    "dump_dir",
+    "dump_root",
+    "log_dir",
+    "concurrency",
+    "max_dump_bytes",
+    "launch_timeout_s",
+    "request_timeout_s",
+    "dump_timeout_s",
+    "health_timeout_s",
+)
 
 __all__ = [
     "ERROR_COLUMNS",
@@ -61,6 +76,14 @@ __all__ = [
     "work_paths",
     "write_errors",
 ]
+
+
+def stored_capture(capture: dict, aux_ids: list[int]) -> dict:
+    """The capture settings a store's provenance records (SERVER_KNOBS left out)."""
+    out = {**capture, "aux_layer_ids": aux_ids}
+    if isinstance(out.get("sglang"), dict):
+        out["sglang"] = {k: v for k, v in out["sglang"].items() if k not in SERVER_KNOBS}
+    return out
 
 
 def extract_shard(
@@ -141,7 +164,7 @@ def extract_shard(
         good, errors = tokenize(ready.tokenizer, members, max_tokens)
         sources = {r.line: r.source for r in members}
         settings = {
-            "capture": {**capture, "aux_layer_ids": aux_ids},
+            "capture": stored_capture(capture, aux_ids),
             # how fast the writer goes is no part of what the store holds (nor a reason to restart)
             "extract": {k: v for k, v in extract.items() if k not in WRITER_KNOBS},
             "max_tokens": int(max_tokens),

@@ -150,8 +150,23 @@ class SglangServer:
                 raise self.failure(f"the SGLang server was not ready after {timeout:.0f} s ({key})")
             time.sleep(poll)
 
+    def exit_description(self) -> str | None:
+        """How the server ended ("exit code 1", "killed by signal SIGKILL"); None while alive."""
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                return f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
     def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM to the process group, SIGKILL after `grace` seconds; then nothing is left."""
+        """SIGTERM to the process group, SIGKILL after `grace` seconds; then nothing is left.
+
+        SIGCONT follows the SIGTERM: a stopped process (SIGSTOP, a suspended job) only acts on
+        SIGTERM once it runs again, and would otherwise cost the whole grace period."""
         if self.proc is None:
             return
         pgid = self.proc.pid
@@ -160,6 +175,8 @@ class SglangServer:
                 break
             try:
                 os.killpg(pgid, sig)
+                if sig == signal.SIGTERM:
+                    os.killpg(pgid, signal.SIGCONT)
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + wait

@@ -18,8 +18,28 @@ prompt (attention is causal, so a chunk's rows equal the whole prompt's rows at 
 The layer output is split between the two tensors, so a hook that does not add them fails.
 
 Like SGLang 0.5.12 it refuses a port whose gRPC port (port + 10000) passes 65535, and a port in
-use stops it ("Address already in use"). Not simulated: decoding past the first token,
-sampling, tensor parallelism, CUDA graphs.
+use stops it ("Address already in use"). GET /health answers as SGLang's does by default
+(SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION): 200 once the scheduler makes progress after the
+check began, 503 when it makes none for SGLANG_HEALTH_CHECK_TIMEOUT seconds (20 by default).
+With --max-total-tokens (the KV cache pool) a prompt of at least that many tokens minus 6 is
+refused as SGLang's scheduler refuses it (validate_input_length): aborted with status 400,
+after a one-token prefill of token 0 under the request's rid. Not simulated: decoding past the
+first token, sampling, tensor parallelism, CUDA graphs.
+
+--fault (or the environment's EYRIE_STANDIN_FAULT, so that a job's launched server can fail
+without a change to the job's config) makes the server misbehave once N requests of the
+workflow (rids with its prefix) have been answered:
+- `radix`, `nohooks`: from the start, a radix-cache hit; hooks that never run;
+- `die_after:N`: SIGKILL to itself in the next pass of the workflow's requests, after the hooks
+  wrote their dumps (as SGLang's whole process tree goes when a scheduler dies);
+- `stop_after:N`: SIGSTOP to itself there: connections are accepted, nothing answers;
+- `hang_after:N`: the scheduler takes no more work; the HTTP front still runs (/health: 503);
+- `http500_after:N`: /generate runs the request, then answers 500 "Internal Server Error" as
+  an unhandled exception in SGLang's HTTP server does;
+- `oom_after:N`: /generate runs the request, then answers 500 with SGLang's ErrorResponse for a
+  request aborted out of KV cache memory (ScheduleBatch.retract_decode);
+- `abort_after:N`: /generate answers 200 with finish_reason {"type": "abort"} and no output, as
+  SGLang answers a request aborted in its waiting queue (TokenizerManager._handle_abort_req).
 """
 
 from __future__ import annotations
@@ -28,7 +48,9 @@ import argparse
 import fnmatch
 import importlib
 import json
+import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -41,6 +63,23 @@ import torch
 
 LAYER = re.compile(r"(?:.*\.)?layers\.(\d+)$")
 FAULTS = ("none", "radix", "nohooks")
+AFTER_FAULTS = ("die", "stop", "hang", "http500", "oom", "abort")
+# SGLang 0.5.12's messages (schedule_batch.py, utils.py) for the faults that answer
+OOM_MESSAGE = (
+    "Out of memory even after retracting all other requests in the decode batch. "
+    "Aborting the last request."
+)
+
+
+def parse_fault(text: str) -> tuple[str, int]:
+    """(kind, N) of a --fault value: `radix`, or `die_after:6` -> ("die", 6)."""
+    if text in FAULTS:
+        return text, 0
+    kind, _, n = text.partition("_after:")
+    if kind not in AFTER_FAULTS or not n.isdigit():
+        allowed = ", ".join([*FAULTS, *(f"{k}_after:N" for k in AFTER_FAULTS)])
+        raise argparse.ArgumentTypeError(f"--fault {text!r}: one of {allowed}")
+    return kind, int(n)
 
 
 class _Mode:
@@ -90,6 +129,8 @@ class StandIn:
         chunked_prefill_size: int = 8192,
         max_running_requests: int = 8,
         context_length: int = 1 << 20,
+        max_total_tokens: int | None = None,
+        health_check_timeout: float = 20.0,
         fault: str = "none",
     ):
         from eyrie.target.load import load_model
@@ -99,7 +140,11 @@ class StandIn:
         self.chunk = chunked_prefill_size if chunked_prefill_size > 0 else 1 << 30
         self.max_running = max_running_requests
         self.context_length = context_length
-        self.fault = fault
+        self.max_total_tokens = max_total_tokens
+        self.health_check_timeout = health_check_timeout
+        self.fault, self.fault_after = parse_fault(fault)
+        self.answered = 0  # requests of the workflow answered (the faults count them)
+        self.fault_at: float | None = None  # time.time() when the fault first acted
         self.prefix_hint = "eyrie-"
         self.hooks: dict[str, list] = {}
         # Module names as SGLang has them: a wrapper's language model sits under its attribute.
@@ -136,6 +181,24 @@ class StandIn:
             self._queue.append(req)
             self._cv.notify()
 
+    def ours(self, rid: str) -> bool:
+        return rid.startswith(self.prefix_hint)
+
+    def tripped(self, kind: str) -> bool:
+        """Whether fault `kind` is on now: configured, and its N requests answered."""
+        on = self.fault == kind and self.answered >= self.fault_after
+        if on and self.fault_at is None:
+            self.fault_at = time.time()
+            print(f"stand-in: fault {kind} at {self.fault_at:.3f}", flush=True)
+        return on
+
+    def max_req_input_len(self) -> int:
+        """SGLang's bound on a prompt (tp_worker.py): the context and the KV pool, less 5;
+        applied only where the pool is given (--max-total-tokens)."""
+        if self.max_total_tokens is None:
+            return 1 << 62
+        return min(self.context_length - 1, self.max_total_tokens - 1) - 5
+
     def generate(self, rid: str, ids: list, timeout: float = 600.0) -> dict:
         req = _Request(rid, list(ids))
         self.submit(req)
@@ -146,14 +209,22 @@ class StandIn:
             "meta_info": {"id": rid, "prompt_tokens": len(ids), "cached_tokens": 0},
         }
 
-    def health(self) -> None:
-        self._health += 1
-        self.submit(_Request(f"HEALTH_CHECK_{self._health}", [1], wait=False))
+    def health(self) -> bool:
+        """Whether the scheduler made progress within the health check's timeout (SGLang's
+        health_generate: a one-token request, and any output after the check began)."""
+        with self._cv:
+            self._health += 1
+            start = self.passes
+            self._queue.append(_Request(f"HEALTH_CHECK_{self._health}", [1], wait=False))
+            self._cv.notify_all()
+            return self._cv.wait_for(lambda: self.passes > start, self.health_check_timeout)
 
     def stop(self) -> None:
         with self._cv:
             self._running = False
-            self._cv.notify()
+            self._cv.notify_all()
+            for req in self._queue:  # requests a hung scheduler holds: their handlers return
+                req.event.set()
         self._thread.join(timeout=10)
         if self._capture is not None:
             self._capture.close()
@@ -163,7 +234,7 @@ class StandIn:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while self._running and not self._queue:
+                while self._running and (not self._queue or self.tripped("hang")):
                     self._cv.wait()
                 if not self._running:
                     return
@@ -182,7 +253,9 @@ class StandIn:
                     if req.done < len(req.ids):
                         self._queue.appendleft(req)  # the chunked request goes first next time
                     else:
+                        self.answered += self.ours(req.rid)
                         req.event.set()
+                self._cv.notify_all()  # health checks wait for progress
 
     def _states(self, req: _Request):
         """The prompt's states, computed once per request (a plain forward without hooks)."""
@@ -214,6 +287,10 @@ class StandIn:
         else:
             for req, _ in batch:
                 self._states(req)
+        if any(self.ours(r) for r in rids):
+            for kind, sig in (("die", signal.SIGKILL), ("stop", signal.SIGSTOP)):
+                if self.tripped(kind):  # after the dumps: the dead server leaves them behind
+                    os.kill(os.getpid(), sig)
         for (req, _), p, n in zip(batch, pre, seq, strict=True):
             req.done = p + n
         self.passes += 1
@@ -250,17 +327,27 @@ def make_handler(standin: StandIn):
             pass
 
         def _send(self, code: int, obj) -> None:
-            body = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self._reply(code, json.dumps(obj).encode(), "application/json")
+
+        def _send_text(self, code: int, text: str) -> None:
+            self._reply(code, text.encode(), "text/plain; charset=utf-8")
+
+        def _reply(self, code: int, body: bytes, kind: str) -> None:
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up on the request (a job that stopped)
 
         def do_GET(self):
             if self.path in ("/health", "/health_generate"):
-                standin.health()
-                self._send(200, {})
+                if standin.health():
+                    self._send(200, {})
+                else:
+                    self._send_text(503, "")
             elif self.path == "/get_model_info":
                 self._send(200, {"model_path": "stand-in", "is_generation": True})
             else:
@@ -286,7 +373,30 @@ def make_handler(standin: StandIn):
                     },
                 )
                 return
-            self._send(200, standin.generate(rid, ids))
+            ours = standin.ours(rid)
+            if ours and standin.tripped("abort"):
+                meta = {"id": rid, "finish_reason": {"type": "abort", "message": "Abort in "
+                        "waiting queue"}, "e2e_latency": 0.0, "completion_tokens": 0}  # fmt: skip
+                self._send(200, {"output_ids": [], "meta_info": meta})
+                return
+            limit = standin.max_req_input_len()
+            if len(ids) >= limit:  # the scheduler's abort: a one-token prefill, then 400
+                standin.generate(rid, [0])
+                message = (
+                    f"Input length ({len(ids)} tokens) exceeds the maximum allowed length "
+                    f"({limit} tokens). Use a shorter input or enable --allow-auto-truncate."
+                )
+                self._send(400, {"error": {"message": message}})
+                return
+            http500, oom = standin.tripped("http500"), standin.tripped("oom")
+            answer = standin.generate(rid, ids)
+            if ours and http500:
+                self._send_text(500, "Internal Server Error")
+            elif ours and oom:
+                error = {"object": "error", "message": OOM_MESSAGE, "type": "500"}
+                self._send(500, {**error, "param": None, "code": 500})
+            else:
+                self._send(200, answer)
 
     return Handler
 
@@ -309,7 +419,8 @@ def main(argv=None) -> None:
     p.add_argument("--chunked-prefill-size", type=int, default=8192)
     p.add_argument("--max-running-requests", type=int, default=8)
     p.add_argument("--context-length", type=int, default=1 << 20)
-    p.add_argument("--fault", choices=FAULTS, default="none")
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--fault", default=os.environ.get("EYRIE_STANDIN_FAULT") or "none")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args, ignored = p.parse_known_args(argv)
     if not 1 <= args.port + 10000 <= 65535:  # SGLang 0.5.12's check of its derived gRPC port
@@ -323,6 +434,8 @@ def main(argv=None) -> None:
         chunked_prefill_size=args.chunked_prefill_size,
         max_running_requests=args.max_running_requests,
         context_length=args.context_length,
+        max_total_tokens=args.max_total_tokens,
+        health_check_timeout=float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20)),
         fault=args.fault,
     )
     server = serve(standin, args.host, args.port)

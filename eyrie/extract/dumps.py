@@ -74,6 +74,21 @@ class DumpFolder:
                 out.append(json.loads(p.read_text()))
         return out
 
+    def sweep(self, older_than_s: float) -> int:
+        """Remove files older than `older_than_s` that no live request can still own (a shared,
+        fixed folder keeps what a killed server or job left: chunks of rids never sent again,
+        half-written temporaries); status files stay. How many were removed."""
+        cutoff, removed = time.time() - older_than_s, 0
+        with os.scandir(self.path) as it:
+            for entry in it:
+                if entry.name.startswith(proto.STATUS_PREFIX) or not entry.is_file():
+                    continue
+                with contextlib.suppress(OSError):
+                    if entry.stat().st_mtime < cutoff:
+                        os.unlink(entry.path)
+                        removed += 1
+        return removed
+
     def clear(self, rid: str) -> None:
         """Remove a rid's files left by an earlier attempt (an external server's folder)."""
         key = proto.rid_key(rid)

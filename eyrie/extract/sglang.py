@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
@@ -92,13 +93,20 @@ class SglangCapture:
         self.inflight = Inflight()
         self.watch = Watch(self.place, server, float(health), on_fault=self.inflight.cancel)
         self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eyrie-sglang")
+        self.refused: list[str] = []  # rids answered with an error: their dumps may land late
 
     def close(self) -> None:
-        """Stop: queued requests are dropped, requests in flight cut, waiting threads give up."""
+        """Stop: queued requests are dropped, requests in flight cut, waiting threads give up.
+        The refused requests' dumps are removed again: the patch writes a pass's files from a
+        thread of its own, so one may land after the error answer that removed the first ones."""
         self.folder.closed = True
         self.watch.close()
         self.inflight.cancel()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.refused:
+            time.sleep(0.2)
+            for rid in self.refused:
+                self.folder.clear(rid)
 
     def _room(self) -> None:
         t0 = time.monotonic()
@@ -138,6 +146,7 @@ class SglangCapture:
         verdict = read_answer(self.place, sample_id, status, body)
         if verdict is not None:
             self.folder.clear(rid)  # what the server dumped before it failed or refused
+            self.refused.append(rid)
             if isinstance(verdict, SglangError):
                 raise verdict
             return verdict
@@ -224,6 +233,33 @@ def external_ready(url: str, timeout: float, bundle: Path, dump_dir: Path) -> No
         time.sleep(1.0)
 
 
+PROBE_IDS = np.array([0, 1], dtype=np.int64)  # token ids every vocabulary has
+
+
+def probe_dump(url: str, folder: DumpFolder, rid_prefix: str, timeout: float) -> None:
+    """One two-token request whose dump must come back: proves that the server at `url` runs
+    the patch and writes into this job's folder now (its status files may be a dead server's)."""
+    rid = f"{rid_prefix}probe-{uuid.uuid4().hex[:12]}"
+    payload = {"input_ids": PROBE_IDS.tolist(), "rid": rid,
+               "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}  # fmt: skip
+    try:
+        status, body = post_json(f"{url}/generate", payload, timeout=max(timeout, 30.0))
+    except HttpError as exc:
+        raise SglangError(f"the SGLang server at {url} failed a probe request: {exc}") from None
+    if status != 200:
+        raise SglangError(f"the SGLang server at {url} answered a probe request with {status}: "
+                          f"{str(body)[:300]}")  # fmt: skip
+    try:
+        folder.collect(rid, PROBE_IDS, timeout=min(timeout, 10.0))
+    except SglangError as exc:
+        pids = [s.get("pid") for s in folder.statuses()]
+        raise SglangError(
+            f"the SGLang server at {url} answers, but no dump of a probe request reached "
+            f"{folder.path} ({exc}). The status files there (pids {pids}) may be an earlier "
+            f"server's: this one runs without the patch or writes elsewhere. {folder.where()}"
+        ) from None
+
+
 @contextlib.contextmanager
 def patched_server(
     *,
@@ -254,6 +290,10 @@ def patched_server(
             health = settings.get("health_timeout_s") or defaults()["health_timeout_s"]
             external_ready(url, float(health), bundle, path)
             folder.check_loaded(manifest["mechanism"], rid_prefix, wait_s=2.0)
+            stale = folder.sweep(float(settings["request_timeout_s"] + settings["dump_timeout_s"]))
+            if stale:
+                log.info("removed %d files an earlier server or job left in %s", stale, path)
+            probe_dump(url, folder, rid_prefix, float(settings["dump_timeout_s"]))
             yield url, folder
             return
         python = settings["python"] or sys.executable

@@ -39,5 +39,13 @@ rule all:
     default_target: True
 
 
+# The run's end on the console: the verdict and each split's skipped dataset lines, with the
+# table that lists them (otherwise only in the job logs and results/data/).
+onsuccess:
+    from eyrie.evaluate.report import run_end_text
+
+    print(run_end_text(R))
+
+
 # Keep last: gives every rule above its cluster requests from config["resources"].
 include: "rules/resources.smk"

@@ -131,6 +131,7 @@ rule report:
         train_metrics=f"{R}/train/metrics.csv",
         validate=f"{R}/validate/summary.csv",
         baselines=f"{R}/evaluate/baselines.json",
+        problems=expand(f"{R}/data/{{split}}.problems.csv", split=SPLITS),
     output:
         summary=report(
             f"{R}/report/summary.md",
@@ -162,6 +163,8 @@ rule report:
             caption="../report/extraction.rst",
             category="5. Extraction",
         ),
+        # the HTML report's landing page: report/workflow.rst includes it
+        landing=f"{R}/report/landing.rst",
     params:
         figures=REPORT_FIGURES,
     log:

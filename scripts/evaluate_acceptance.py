@@ -16,5 +16,6 @@ with rule_log(sm):
         device=sm.params.device,
         out_json=sm.output.json,
         out_csv=sm.output.csv,
+        progress=True,  # a line in the job's log every few seconds
     )
     print(f"acc {rec['acc']}; tau {rec['tau']:.3f}, with bonus {rec['tau_with_bonus']:.3f}")

@@ -15,6 +15,7 @@ with rule_log(sm):
         probe_epochs=sm.params.probe_epochs,
         probe_width=sm.params.probe_width,
         with_final=False,
+        progress=True,  # a line in the job's log every few seconds
     )
     write_json(sm.output.json, rec)
     print(rec)

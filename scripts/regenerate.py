@@ -13,5 +13,6 @@ with rule_log(sm):
         split=sm.wildcards.split,
         architecture=sm.params.architecture,
     )
-    summary = regenerate_split(job, dict(sm.params.settings), progress=False)
+    # progress: a line in the job's log every few seconds (turns, tokens/s, ETA)
+    summary = regenerate_split(job, dict(sm.params.settings), progress=True)
     print(summary["counts"])

@@ -1,4 +1,5 @@
-"""Snakemake adapter for rule report: figures and summary.md (verdict first) from the run."""
+"""Snakemake adapter for rule report: figures, summary.md (verdict first) and the HTML report's
+landing page from the run."""
 
 from pathlib import Path
 
@@ -16,6 +17,7 @@ with rule_log(sm, threads=False):
         train_metrics=sm.input.train_metrics,
         validate=sm.input.validate,
         baselines=sm.input.baselines,
+        problems=list(sm.input.problems),
         figures={name: Path(getattr(sm.output, name)) for name in sm.params.figures},
     )
     print(Path(written["summary"]).read_text())

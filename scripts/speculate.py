@@ -21,6 +21,7 @@ with rule_log(sm):
         out_json=sm.output.json,
         architecture=sm.params.architecture,
         repeats=ev["repeats"],
+        progress=True,  # a line in the job's log every few seconds
     )
     print(
         f"plain {rec['plain_tokens_per_s']:.1f} tok/s, speculative "

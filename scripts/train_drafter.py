@@ -30,7 +30,7 @@ with rule_log(sm, threads=processes == 1) as log:  # DDP: each process sets its 
             out_dir=out,
             work_dir=work,
             settings=settings,
-            progress=False,
+            progress=True,  # a line in the job's log every few seconds: step, loss, ETA
         )
     else:  # the same run, through the CLI, one process each (eyrie/train/launch.py)
         from eyrie.train.launch import launch
@@ -57,7 +57,6 @@ with rule_log(sm, threads=processes == 1) as log:  # DDP: each process sets its 
             str(out),
             "--work",
             str(work),
-            "--no-progress",
         ]
         threads = max(1, sm.threads // processes)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))

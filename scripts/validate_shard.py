@@ -23,6 +23,7 @@ with rule_log(sm):
         spot_check_samples=v["spot_check_samples"],
         min_cosine=v["min_cosine"],
         min_greedy_match=v["min_greedy_match"],
+        progress=True,  # a line in the job's log every few seconds
     )
     write_json(sm.output.report, report, default=str)
     print(f"{report['errors']} errors: {report['error_counts']}")

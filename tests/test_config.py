@@ -129,3 +129,137 @@ def test_snakemake_takes_each_toy_the_workflow_builds(tmp_path, toy):
 def test_readme_config_reference_is_current():
     readme = (ROOT / "README.md").read_text()
     assert reference() in readme, "regenerate with: eyrie config --reference"
+
+
+# ---------------------------------------------------------------------------------------------
+# an override file, merged over config.yaml as Snakemake merges --configfile
+
+
+def readme_overlay() -> str:
+    """The override file the README's "Your own model and data" shows."""
+    readme = (ROOT / "README.md").read_text()
+    return readme.split("```yaml\n# my-run.yaml\n", 1)[1].split("```", 1)[0]
+
+
+def snakemake_merge(base: dict, *overlays: dict) -> dict:
+    """What Snakemake's config is for `--configfile` overlays over the Snakefile's configfile
+    (snakemake.settings.types.ConfigSettings and Workflow.configfile, in that order)."""
+    import copy
+
+    from snakemake.utils import update_config
+
+    overwrite: dict = {}
+    for overlay in overlays:
+        update_config(overwrite, copy.deepcopy(overlay))
+    config = copy.deepcopy(overwrite)
+    update_config(config, copy.deepcopy(base))
+    update_config(config, overwrite)
+    return config
+
+
+@pytest.mark.parametrize(
+    "base, overlay",
+    [
+        ({"a": {"b": 1, "c": [1, 2]}, "d": 1}, {"a": {"c": [3]}, "e": 2}),
+        ({"a": {"b": 1}}, {"a": None}),  # null replaces a mapping
+        ({"a": 5}, {"a": {"b": 1}}),  # a mapping replaces a non-mapping
+        ({"a": 5, "n": None}, {"a": {}, "n": {}}),  # an empty mapping leaves what was there
+        ({"a": {"b": {"c": 1, "d": 2}}}, {"a": {"b": {"d": 3}}}),
+    ],
+)
+def test_merge_is_snakemakes(base, overlay):
+    import copy
+
+    from eyrie.common.config import merge
+
+    assert merge(copy.deepcopy(base), overlay) == snakemake_merge(base, overlay)
+
+
+def test_the_readmes_override_file_checks_as_snakemake_sees_it(tmp_path):
+    from eyrie.common.config import merge, read
+
+    overlay = tmp_path / "my-run.yaml"
+    overlay.write_text(readme_overlay())
+    run = subprocess.run(
+        [sys.executable, "-m", "eyrie.cli.main", "config", str(overlay)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    shown = yaml.safe_load(run.stdout)
+    expected = check(snakemake_merge(read(ROOT / "config.yaml"), read(overlay)))
+    assert shown == expected
+    assert shown == check(merge(read(ROOT / "config.yaml"), read(overlay)))
+    assert shown["regenerate"]["enabled"] is True  # config.yaml's, not the schema's default
+    assert shown["dataset"]["max_samples"] == {"train": None, "heldout": 500}
+    assert run.stdout.startswith(f"# {overlay} merged over config.yaml")
+
+
+def test_an_override_file_of_one_key_checks_from_the_workflow_folder(tmp_path):
+    overlay = tmp_path / "small.yaml"
+    overlay.write_text("extract:\n  shards: 4\n")
+    cfg = load(overlay, base=ROOT / "config.yaml")
+    assert cfg["extract"]["shards"] == 4 and cfg["target"]["path"] == "models/toy-llama-deep"
+    with pytest.raises(ConfigError) as err:  # nothing to merge over: say so, and the fix
+        load(overlay, base=tmp_path / "config.yaml")
+    assert "'target' is a required property" in str(err.value)
+    assert f"There is no {tmp_path / 'config.yaml'} here to merge {overlay} over" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a subcommand's --config: a whole config
+        load(overlay)
+    assert f"`eyrie config {overlay} > whole.yaml`" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# values a pattern allows, in words
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        (("extract", "precision"), "bitround-9",
+         "extract.precision must be 'lossless' or 'bitround-N' with N from 0 to 6, got "
+         "'bitround-9'"),
+        (("capture", "cuda_graphs"), "yes", "capture.cuda_graphs must be true, false or 'auto'"),
+        (("extract", "shard_tokens"), "big",
+         "extract.shard_tokens must be an integer of at least 16, or 'auto', got 'big'"),
+        (("extract", "writer_threads"), "many", "an integer of at least 1, or 'auto'"),
+        (("extract", "writer_process"), "on", "extract.writer_process must be true, false or"),
+        (("extract", "pin_forward"), 3, "extract.pin_forward must be true, false or 'auto', got 3"),
+        (("results",), 7, "results must be a string, got 7"),
+    ],
+)  # fmt: skip
+def test_a_value_out_of_a_pattern_says_the_allowed_values_in_words(key, value, words):
+    cfg = default()
+    node = cfg
+    for k in key[:-1]:
+        node = node.setdefault(k, {})
+    node[key[-1]] = value
+    message = str(pytest.raises(ConfigError, check, cfg).value)
+    assert words in message
+    assert "does not match" not in message and "^" not in message
+
+
+def test_every_pattern_in_the_schema_has_its_allowed_values_in_words():
+    from eyrie.common.config import schema
+
+    def walk(node, key=""):
+        if isinstance(node, dict):
+            if "pattern" in node:
+                yield key, node
+            for name, sub in node.items():
+                yield from walk(sub, f"{key}.{name}")
+        elif isinstance(node, list):
+            for sub in node:
+                yield from walk(sub, key)
+
+    patterns = list(walk(schema()))
+    assert patterns
+    for key, node in patterns:
+        assert node.get("allowed"), f"{key} has a pattern but no `allowed` in words"
+
+
+def test_the_reference_has_no_empty_allowed_cell():
+    rows = [line.split(" | ") for line in reference().splitlines()[2:]]
+    empty = [row[0] for row in rows if not row[3].strip()]
+    assert not empty, f"keys without allowed values: {empty}"

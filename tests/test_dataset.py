@@ -76,6 +76,44 @@ def test_both_forms_read_to_the_same_conversations(tmp_path, fmt):
     assert [(c.id, c.line) for c in s_convs] == [("a", 1), ("b", 2)]
 
 
+def test_openai_content_parts_are_joined_and_other_parts_are_bad_lines(tmp_path):
+    def text(t):
+        return {"type": "text", "text": t}
+
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    lines = [
+        {"id": "parts", "messages": [
+            {"role": "user", "content": [text("What is"), text("2 + 2?")]},
+            {"role": "assistant", "content": [text("4")]},
+        ]},
+        {"id": "image", "messages": [
+            {"role": "user", "content": [text("What is this?"), image]},
+            {"role": "assistant", "content": "A cat."},
+        ]},
+        {"id": "untyped", "messages": [
+            {"role": "user", "content": ["Hi"]}, {"role": "assistant", "content": "Hello."},
+        ]},
+        {"id": "empty", "messages": [
+            {"role": "user", "content": []}, {"role": "assistant", "content": "Hello."},
+        ]},
+    ]  # fmt: skip
+    convs, problems = read_chat(write_lines(tmp_path / "p.jsonl", lines))
+    assert [c.messages for c in convs] == [
+        [{"role": "user", "content": "What is\n2 + 2?"}, {"role": "assistant", "content": "4"}]
+    ]
+    assert [(p.line, p.kind, p.sample_id) for p in problems] == [
+        (2, "bad_content", "image"),
+        (3, "bad_content", "untyped"),
+        (4, "bad_content", "empty"),
+    ]
+    assert "turn 0 (user) content part 1 is of type 'image_url'; only text parts" in (
+        problems[0].reason
+    )
+    assert "drop that part, or the line" in problems[0].reason
+    assert "content part 0 is a str, not a typed part" in problems[1].reason
+    assert "content is an empty list of parts" in problems[2].reason
+
+
 def test_auto_decides_per_line_and_explicit_format_refuses_the_other(tmp_path):
     mixed = write_lines(tmp_path / "mixed.jsonl", [MESSAGES_LINES[0], SHAREGPT_LINES[1]])
     convs, problems = read_chat(mixed)

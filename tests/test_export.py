@@ -4,7 +4,9 @@ and refusing each kind of bad one."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -195,6 +197,19 @@ def test_export_writes_a_folder_the_checker_accepts(tmp_path, engine):
     # a rerun replaces the folder
     export(d["dir"], out, engine)
     assert sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".")) == []
+
+
+def test_an_exported_folder_is_readable_by_other_users(tmp_path):
+    old = os.umask(0o022)
+    try:
+        d = fake_drafter(tmp_path / "drafter", aux_ids=(4, 1, 3))
+        export(d["dir"], tmp_path / "sglang", "sglang", draft_tokens=d["tokens"])
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "sglang").iterdir()}
+    assert modes["model.safetensors"] == 0o644, modes  # safetensors alone writes 0600
+    assert set(modes.values()) == {0o644}
+    assert stat.S_IMODE((tmp_path / "sglang").stat().st_mode) == 0o755
 
 
 def test_vllm_export_ships_the_targets_embedding(tmp_path):

@@ -19,6 +19,7 @@ SPLIT, SHARD = "{{split}}", "{{shard}}"
     "path",
     [
         L.dataset(SPLIT),
+        L.problems(SPLIT),
         L.regenerated(SPLIT),
         L.store(SPLIT, SHARD),
         L.errors(SPLIT, SHARD),

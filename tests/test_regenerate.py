@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -172,6 +173,66 @@ def test_bad_answers_are_counted_by_kind_and_counts_add_up(tmp_path):
     kept = [json.loads(line)["id"] for line in lines]
     assert kept == [records[1]["id"], records[3]["id"]]
     assert summary["input_sha256"] and summary["versions"]["python"]
+
+
+class Streaming(Echo):
+    """Echo that reports its answers' tokens one at a time, as a decoding backend does."""
+
+    on_tokens = None
+
+    def generate(self, prompts):
+        answers = super().generate(prompts)
+        for answer in answers:
+            for _ in answer.ids:
+                self.on_tokens(1)
+        return answers
+
+
+def test_the_job_log_gets_a_progress_line_every_few_seconds_in_turns_and_tokens(
+    tmp_path, monkeypatch
+):
+    import contextlib
+    import io
+
+    from eyrie.common import progress
+
+    monkeypatch.setattr(progress, "LOG_INTERVAL_S", 0.0)  # every update, for the test
+    tok = load_tokenizer(TOY)
+    records = shipped(5) + shipped(3, multi_turn=True)
+    records.append({"id": "long", "messages": [
+        {"role": "user", "content": "word " * 900}, {"role": "assistant", "content": "ok"},
+    ]})  # fmt: skip
+    turns = sum(m["role"] == "assistant" for r in records for m in r["messages"])
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    job = SplitJob(data=data, target=TOY, out=tmp_path / "o" / "train.jsonl", split="train")
+    log = io.StringIO()  # a job's log: rule_log sends stderr there
+    backend = lambda *a: (Streaming(empty_at={2}), tok, 400)  # noqa: E731
+    with contextlib.redirect_stderr(log):
+        regenerate_split(job, SETTINGS, progress=True, generator_factory=backend)
+    text = log.getvalue()
+    assert "\r" not in text  # a line per refresh, not a bar redrawn in place
+    lines = [line for line in text.splitlines() if line.startswith("regenerate train:")]
+    assert len(lines) > 4
+    assert all(re.search(r"\d+/" + str(turns) + r" \[", line) for line in lines)
+    counted = re.compile(r"(\d+) new tokens, \d+ tokens/s")
+    tokens = [int(m.group(1)) for m in map(counted.search, lines) if m]
+    assert len(set(tokens)) > 2  # tokens move between turns
+    assert f"{turns}/{turns} [" in lines[-1]  # every turn settled, dropped ones included
+
+
+def test_the_hf_generator_reports_every_decoding_steps_tokens(toy):
+    model, tok = toy
+    prompts = []
+    for rec in shipped(4):
+        text = render(tok, rec["messages"][:-1], add_generation_prompt=True)
+        prompts.append(tok(text, add_special_tokens=False)["input_ids"])
+    gen = HFGenerator(model, tok, max_new_tokens=12, temperature=0.0, batch_size=3)
+    steps = []
+    gen.on_tokens = steps.append
+    answers = gen.generate(prompts)
+    assert len(steps) > 2 * 2  # step by step in each of the 2 batches, not once a batch
+    assert sum(steps) == sum(len(a.ids) + a.stopped for a in answers)  # live rows only
 
 
 def test_a_second_job_on_the_same_split_is_refused(tmp_path):

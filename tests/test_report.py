@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from eyrie.evaluate.report import FIGURES, build_report, read_inputs, verdict
 
+ROOT = Path(__file__).resolve().parents[1]
 ACCEPTANCE = {
     "steps": 3,
     "samples": 10,
@@ -82,32 +84,40 @@ def write(files, speedup, online=None):
     return inp, build_report(inp, files / "report")
 
 
-def test_verdict_prefers_the_decoding_walk(files):
+def test_the_lines_under_the_verdict_give_the_decoding_walk_and_explain_each_number(files):
     ev = files / "evaluate"
     acc = {**ACCEPTANCE, "walk_accept_length_by_draft_tokens": [1.5, 1.8, 2.05]}
     (ev / "acceptance.json").write_text(json.dumps(acc))
     inp, written = write(files, 1.93)
-    first = verdict(inp)
-    assert (
-        "offline 2.05 tokens/verify step for a chain of 3 drafts (decoding walk; τ+1 2.62)" in first
-    )
     summary = written["summary"].read_text()
+    lines = summary.splitlines()
+    assert lines[0] == verdict(inp) and lines[1] == ""
+    under = lines[2 : lines.index("# Eyrie run report")]
+    assert under[0].startswith("- acc_0 78 %: how often the drafter's first draft token is")
+    assert under[1].startswith("- acc_1|0 66 %: how often its second draft token is")
+    assert under[2].startswith("- decoding walk 2.05 tokens/verify step for a chain of 3 drafts:")
+    assert under[3].startswith("- τ+1 2.62 for a chain of 3 drafts: the tokens per verify step")
+    for term in ("acc_0", "acc_1|0", "decoding walk", "τ+1"):  # each explained once, up there
+        assert sum(line.startswith(f"- {term} ") for line in lines) == 1, term
+        assert term not in lines[0]
     assert "| 2 |" in summary and "| 2.05 |" in summary
 
 
 def test_report_files_and_verdict(files):
     inp, written = write(files, 1.93)
-    assert set(written) == {"summary", *FIGURES}
+    assert set(written) == {"summary", "landing", *FIGURES}
     for name in FIGURES:
         data = written[name].read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
     summary = written["summary"].read_text()
     first = summary.splitlines()[0]
     assert first == verdict(inp)
-    assert first.startswith("speculation 1.93× plain decoding (transformers loop")
-    assert "acc_0 78 %" in first and "acc_1|0 66 %" in first and "3 extraction errors" in first
-    assert "2.40 tokens/verify step" in first  # measured, and offline at the same 3 drafts:
-    assert "offline 2.62 tokens/verify step, chain of 3 drafts" in first
+    assert first == (
+        "speculation 1.93× faster than plain decoding (transformers loop, 3 draft tokens, cpu: "
+        "Test CPU; 2.40 tokens/verify step); 3 extraction errors"
+    )
+    assert "- acc_0 78 %: " in summary and "- acc_1|0 66 %: " in summary
+    assert "- τ+1 2.62 for a chain of 3 drafts: " in summary  # offline, at the measured 3 drafts
     assert "SLOWER" not in summary
     assert "SGLang online: not run: no CUDA GPU" in summary
     assert "| 1 | 61 % | 66 % | 53 % |" in summary  # the per-position table
@@ -139,7 +149,8 @@ def test_interleaved_repeats_give_the_median_and_spread_in_the_first_line(files)
     )
     fast = dict(rec, speedup=1.12, speedup_min=1.05, speedup_max=1.2)
     assert verdict(read_inputs_of(fast)).startswith(
-        "speculation 1.12× plain decoding (transformers loop, median of 3 interleaved repeats, "
+        "speculation 1.12× faster than plain decoding (transformers loop, median of 3 interleaved "
+        "repeats, "
         "1.05-1.20×, 3 draft tokens"
     )
 
@@ -156,7 +167,7 @@ def test_sglang_measurement_wins_when_it_ran(files):
               "accept_length": 3.1}  # fmt: skip
     inp, written = write(files, 0.9, online)
     first = written["summary"].read_text().splitlines()[0]
-    assert first.startswith("speculation 2.10× plain decoding (SGLang EAGLE-3")
+    assert first.startswith("speculation 2.10× faster than plain decoding (SGLang EAGLE-3")
 
 
 def test_both_cuda_graph_modes_are_reported_each_by_name(files):
@@ -192,10 +203,134 @@ def test_baselines_stand_beside_acc0(tmp_path):
 
     base = {"scored_heldout": 600, "bigram_acc": 0.27, "probe": {"acc": 0.42, "epochs": 1}}
     text = summary_markdown(Inputs(acceptance=ACCEPTANCE, baselines=base))
-    assert "acc_0 78 % (1-epoch probe 42 %, bigram 27 %)" in text.splitlines()[0]
+    assert text.splitlines()[2].startswith("- acc_0 78 % (1-epoch probe 42 %, bigram 27 %): ")
     assert "| the drafter, acc_0 | 78 % |" in text
     assert "| MLP probe per position on [aux_t, embed(x_{t+1})], 1 epoch(s) | 42 % |" in text
     assert "does not beat" not in text
     weak = dict(ACCEPTANCE, acc=[0.3, 0.2, 0.1])
     assert "does not beat a probe" in summary_markdown(Inputs(acceptance=weak, baselines=base))
     assert "Baselines: not measured." in summary_markdown(Inputs(acceptance=ACCEPTANCE))
+
+
+# ---------------------------------------------------------------------------------------------
+# the HTML report's landing page
+
+
+class _Record:
+    """What report/workflow.rst's Jinja sees of a report file (snakemake.report.FileRecord)."""
+
+    def __init__(self, path):
+        self.path, self.target = path, path.name
+
+
+def render_landing_page(results, config: dict) -> str:
+    """report/workflow.rst rendered as `snakemake --report` renders its landing page: Jinja
+    (snakemake.report.auto_report's Environment) with the config and the report's files, then
+    docutils' HTML body, from the workflow's folder (the cwd)."""
+    from docutils.core import publish_parts
+    from jinja2 import Environment
+
+    class Snakemake:
+        pass
+
+    Snakemake.config = config
+    records = [_Record(p) for p in sorted((results / "report").glob("*.md"))]
+    text = (ROOT / "report" / "workflow.rst").read_text()
+    rst = Environment(trim_blocks=True, lstrip_blocks=True).from_string(text)
+    rst = rst.render(snakemake=Snakemake, categories={}, files=records)
+    return publish_parts(rst, writer="html")["html_body"]
+
+
+def test_the_html_reports_landing_page_shows_verdict_acceptance_and_speed(files, monkeypatch):
+    import html
+
+    monkeypatch.chdir(files)  # Snakemake renders it from the workflow's folder
+    results = files / "results"
+    ev = files / "evaluate"
+    (ev / "speculate.json").write_text(json.dumps(speculate(1.93)))
+    inp = read_inputs(ev / "acceptance.json", ev / "speculate.json", ev / "online.json",
+                      files / "metrics.csv", files / "summary.csv")  # fmt: skip
+    build_report(inp, results / "report")
+    config = {"results": "results", "target": {"path": "t"}, "capture": {"backend": "hf"}}
+    page = render_landing_page(results, config)
+    assert html.escape(verdict(inp), quote=False) in page  # the verdict, no click needed
+    assert 'src="data:image/png;base64,' in page  # the acceptance per position
+    assert "System Message" not in page  # docutils took the page as it is
+    assert "<th>speed-up</th>" in page and "<td>1.93×</td>" in page  # the speed-up table
+    assert page.index("faster than plain decoding") < page.index("Eyrie turned the target")
+
+
+def test_the_landing_page_says_when_the_run_has_no_summary_yet(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = {"results": "results", "target": {"path": "t"}, "capture": {"backend": "hf"}}
+    page = render_landing_page(tmp_path / "results", config)
+    assert "has not written its summary yet" in page
+
+
+# ---------------------------------------------------------------------------------------------
+# skipped dataset lines at the run's end
+
+
+def problems_tables(results):
+    """A run's prepared splits: train with 3 bad lines and a blank one, heldout clean."""
+    data = results / "data"
+    data.mkdir(parents=True)
+    rows = [
+        ["in.jsonl", 2, "malformed_json", "invalid JSON", ""],
+        ["in.jsonl", 5, "bad_content", "turn 0 ...", "a"],
+        ["in.jsonl", 7, "malformed_json", "invalid JSON", ""],
+        ["in.jsonl", 9, "blank_line", "blank line (harmless)", ""],
+    ]
+    cols = ["path", "line", "kind", "reason", "sample_id"]
+    pd.DataFrame(rows, columns=cols).to_csv(data / "train.problems.csv", index=False)
+    pd.DataFrame([], columns=cols).to_csv(data / "heldout.problems.csv", index=False)
+    (data / "train.jsonl").write_text('{"id": 1}\n' * 6)
+    (data / "heldout.jsonl").write_text('{"id": 1}\n' * 4)
+    return [data / "train.problems.csv", data / "heldout.problems.csv"]
+
+
+def test_skipped_dataset_lines_are_in_the_summary_and_the_console_at_the_end(files):
+    from eyrie.evaluate.report import run_end_text
+
+    results = files / "results"
+    tables = problems_tables(results)
+    ev = files / "evaluate"
+    (ev / "speculate.json").write_text(json.dumps(speculate(1.5)))
+    inp = read_inputs(ev / "acceptance.json", ev / "speculate.json", problems=tables)
+    summary = build_report(inp, results / "report")["summary"].read_text()
+    train = (
+        "train: 3 bad lines skipped (bad_content 1, malformed_json 2), 1 blank line, 6 "
+        f"conversations kept; each with its fix in {tables[0]}"
+    )
+    heldout = f"heldout: 0 bad lines skipped, 4 conversations kept ({tables[1]})"
+    head = summary.split("# Eyrie run report")[0]
+    assert f"- {train}" in head and f"- {heldout}" in head
+    assert summary.splitlines()[0].endswith("; 3 bad dataset lines skipped (listed below)")
+    console = run_end_text(results)
+    assert f"({results / 'report' / 'summary.md'}): {verdict(inp)}" in console
+    assert train.replace(str(tables[0]), str(results / "data" / "train.problems.csv")) in console
+    assert "heldout: 0 bad lines skipped" in console
+
+
+def test_a_run_ends_with_each_splits_skipped_lines_on_the_console(tmp_path):
+    """The Snakefile's onsuccess, in a real (small) run: prepare_dataset on two splits, one
+    with bad lines; the console names each split's count and the table to read."""
+    from slurm.workflow import Workflow
+
+    good = (ROOT / "data" / "chat" / "train.jsonl").read_text().splitlines()[:5]
+    lines = good[:2] + ["{not json", "", '{"messages": [{"role": "user", "content": "hi"}]}']
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "train.jsonl").write_text("\n".join(lines + good[2:]) + "\n")
+    (tmp_path / "in" / "heldout.jsonl").write_text("\n".join(good) + "\n")
+    wf = Workflow.scratch(tmp_path / "wd", {
+        "target": {"path": "models/toy-llama"},
+        "dataset": {"train": str(tmp_path / "in" / "train.jsonl"),
+                    "heldout": str(tmp_path / "in" / "heldout.jsonl")},
+    })  # fmt: skip
+    log = wf.run("results/data/train.problems.csv", "results/data/heldout.problems.csv")
+    assert "Eyrie dataset lines skipped (rule prepare_dataset):" in log
+    assert (
+        "train: 2 bad lines skipped (malformed_json 1, no_assistant_turn 1), 1 blank line, 5 "
+        "conversations kept; each with its fix in results/data/train.problems.csv"
+    ) in log
+    assert "heldout: 0 bad lines skipped, 5 conversations kept" in log

@@ -1,5 +1,10 @@
 """`eyrie config`: validate a config file and show it with every default filled in, or print
-the config reference (a Markdown table made from the schema, as in the README)."""
+the config reference (a Markdown table made from the schema, as in the README).
+
+A file other than the workflow's config.yaml is merged over that one first, as
+`snakemake --configfile FILE` merges it, so an override file holding only what differs checks
+as the run will see it.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,25 @@ import sys
 
 import yaml
 
-from eyrie.common.config import ConfigError, check, load, schema
+from eyrie.common.config import (
+    WORKFLOW_CONFIG,
+    ConfigError,
+    allowed_words,
+    base_for,
+    check,
+    load,
+    schema,
+)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("configfile", nargs="?", default="config.yaml")
+    parser.add_argument("configfile", nargs="?", default=str(WORKFLOW_CONFIG))
+    parser.add_argument(
+        "--base",
+        default=str(WORKFLOW_CONFIG),
+        help="the config the file is merged over, as Snakemake merges --configfile over the "
+        "Snakefile's configfile (default: config.yaml of this folder, the workflow's)",
+    )
     parser.add_argument(
         "--reference", action="store_true", help="print the config reference as Markdown"
     )
@@ -27,8 +46,10 @@ def _rows(node: dict, prefix: str = ""):
         kind = sub.get("type", "")
         kind = " or ".join(kind) if isinstance(kind, list) else kind
         allowed = sub.get("enum")
-        if allowed is None and ("minimum" in sub or "maximum" in sub):
+        if allowed is None and "allowed" not in sub and ("minimum" in sub or "maximum" in sub):
             allowed = f"{sub.get('minimum', '')}..{sub.get('maximum', '')}"
+        if allowed is None:
+            allowed = allowed_words(sub)
         default = json.dumps(sub["default"]) if "default" in sub else "(required)"
         text = sub.get("description", "")
         yield key, kind, default, "" if allowed is None else str(allowed), text
@@ -45,11 +66,12 @@ def reference() -> str:
     return "\n".join(lines)
 
 
-def load_for(command: str, path) -> dict | None:
-    """The config of a subcommand: loaded with defaults, or None after printing what is wrong
-    (every bad key, as `eyrie config FILE` names it) under the subcommand's name."""
+def load_for(command: str, path, base=None) -> dict | None:
+    """The config of a subcommand (merged over `base` when given, as Snakemake would), loaded
+    with defaults, or None after printing what is wrong (every bad key, as `eyrie config FILE`
+    names it) under the subcommand's name."""
     try:
-        return load(path)
+        return load(path, base)
     except ConfigError as exc:
         print(f"eyrie {command}: {exc}", file=sys.stderr)
         return None
@@ -69,8 +91,11 @@ def run(args) -> int:
     if args.reference:
         print(reference())
         return 0
-    cfg = load_for("config", args.configfile)
+    cfg = load_for("config", args.configfile, args.base)
     if cfg is None:
         return 2
+    under = base_for(args.configfile, args.base)
+    if under is not None:
+        print(f"# {args.configfile} merged over {under}, every default filled in")
     yaml.safe_dump(cfg, sys.stdout, sort_keys=False)
     return 0

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from eyrie.common.errors import EyrieError
-from eyrie.common.layout import Layout
+from eyrie.common.layout import SPLITS, Layout
 from eyrie.evaluate.stage import run_evaluate, run_online, run_report, run_speculate
 
 COMMANDS = ("evaluate", "speculate", "report")
@@ -196,6 +196,7 @@ def _report(args, cfg) -> int:
         train_metrics=layout.train_dir() / "metrics.csv",
         validate=layout.validate_dir() / "summary.csv",
         baselines=ev / "baselines.json",
+        problems=[layout.problems(split) for split in SPLITS],
     )
     print(Path(written["summary"]).read_text().splitlines()[0])
     print(f"written: {', '.join(str(p) for p in written.values())}")

@@ -48,6 +48,10 @@ class Layout:
     def dataset(self, split: str) -> Path:
         return self.root / "data" / f"{split}.jsonl"
 
+    def problems(self, split: str) -> Path:
+        """The split's problems table: every line prepare_dataset skipped, with its fix."""
+        return self.root / "data" / f"{split}.problems.csv"
+
     def regenerated(self, split: str) -> Path:
         return self.root / "regen" / f"{split}.jsonl"
 

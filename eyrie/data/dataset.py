@@ -1,8 +1,10 @@
 """Read chat JSONL (OpenAI `messages` or ShareGPT `conversations`) and account for every line.
 
-Bad input is never dropped silently: each line that cannot become a conversation is a `Problem`
-with its line number, a short `kind` and a reason that says how to fix it. Under the `skip`
-policy problems are counted and returned; under `fail` the first one raises `DatasetError`.
+A turn's content is a string, or (OpenAI form) a list of text parts, which are joined with a
+newline (`_join_text_parts` says why). Bad input is never dropped silently: each line that
+cannot become a conversation is a `Problem` with its line number, a short `kind` and a reason
+that says how to fix it. Under the `skip` policy problems are counted and returned; under
+`fail` the first one raises `DatasetError`.
 
 Problem kinds: not_utf8, malformed_json, lone_surrogate, not_an_object, bad_id, no_messages,
 unknown_role, bad_content, no_assistant_turn, duplicate_id; with the target's tokenizer
@@ -131,12 +133,41 @@ def _normalize_turn(turn, i: int, form: str) -> dict:
             allowed = sorted(SHAREGPT_ROLES)
             raise _Bad("unknown_role", f'turn {i} has "from" {speaker!r}; use one of {allowed}')
     key = "content" if form == "messages" else "value"
+    if form == "messages" and isinstance(content, list):
+        content = _join_text_parts(content, i, role)
     if not isinstance(content, str) or not content.strip():
         got = "missing" if content is None else repr(content)[:60]
         raise _Bad(
             "bad_content", f'turn {i} ({role}) "{key}" must be a non-empty string, got {got}'
         )
     return {"role": role, "content": content}
+
+
+def _join_text_parts(parts: list, i: int, role: str) -> str:
+    """OpenAI's list-of-parts content as one string: the text parts joined by a newline, as
+    vLLM joins them for a chat template that takes a string (SGLang joins with a space, and
+    templates that walk the parts themselves join with nothing; a newline keeps two parts from
+    running into one word). A part that is not text (an image, audio, a file) makes the line
+    bad: the target would see something the text-only store cannot hold."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            what = f"of type {kind!r}" if kind else f"a {type(part).__name__}, not a typed part"
+            raise _Bad(
+                "bad_content",
+                f"turn {i} ({role}) content part {j} is {what}; only text parts "
+                '({"type": "text", "text": "..."}) can be trained on: drop that part, or the line',
+            )
+        if not isinstance(part.get("text"), str):
+            raise _Bad(
+                "bad_content",
+                f'turn {i} ({role}) content part {j} has no "text" string; give it one',
+            )
+        texts.append(part["text"])
+    if not texts:
+        raise _Bad("bad_content", f"turn {i} ({role}) content is an empty list of parts")
+    return "\n".join(texts)
 
 
 def _check_unicode(sid: str, messages: list[dict], form_key: str) -> None:

@@ -285,8 +285,7 @@ def evaluate_stores(
     progress: bool = False,
 ) -> AcceptanceMetrics:
     """Run the unrolled drafter over every sample of ``stores`` and count its acceptance."""
-    from tqdm import tqdm
-
+    from eyrie.common.progress import bar
     from eyrie.store.shard import ShardDataset, ShardReader
     from eyrie.train.data import Pad
     from eyrie.train.model import read_target_tensors
@@ -319,7 +318,8 @@ def evaluate_stores(
     order = sorted(range(len(dataset)), key=lambda i: lengths[i])  # like lengths pad less
     pad = Pad(max_len)
     total = AcceptanceCounts(steps)
-    for s in tqdm(range(0, len(order), batch_size), disable=not progress, unit="batch"):
+    meter = bar(total=len(order), desc="offline acceptance", unit="sample", disable=not progress)
+    for s in range(0, len(order), batch_size):
         batch = pad([dataset[i] for i in order[s : s + batch_size]])
         ids = batch["input_ids"].to(device)
         aux = batch["aux_hidden"].to(device, torch.float32)
@@ -329,4 +329,6 @@ def evaluate_stores(
         total = total + count_acceptance(
             drafts, greedy, batch["loss_mask"].to(device), vocab_mask[greedy]
         )
+        meter.update(len(batch["lengths"]))
+    meter.close()
     return metrics(total)

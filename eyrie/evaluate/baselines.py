@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyrie.common.errors import EyrieError
+from eyrie.common.progress import bar
 
 
 class BaselineError(EyrieError, ValueError):
@@ -125,6 +126,7 @@ def probe(
     batch_size: int = 256,
     lr: float = 2e-3,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict:
     """Train the per-position MLP on the train rows; its held-out accuracy and wall time."""
     t0 = time.time()
@@ -136,6 +138,7 @@ def probe(
     steps = epochs * -(-len(train) // batch_size)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
+    meter = bar(total=steps, desc="probe", unit="step", disable=not progress)
     for _ in range(epochs):
         for idx in torch.randperm(len(train), generator=g).split(batch_size):
             loss = F.cross_entropy(model(x_train[idx]), train.label[idx])
@@ -143,6 +146,8 @@ def probe(
             loss.backward()
             opt.step()
             sched.step()
+            meter.update(1)
+    meter.close()
     x_held = probe_inputs(heldout, embed, with_final)
     with torch.no_grad():
         hits = sum(
@@ -161,6 +166,7 @@ def measure(
     probe_epochs: int = 3,
     probe_width: int = 512,
     with_final: bool = True,
+    progress: bool = False,
 ) -> dict:
     """Bigram and probe(s) on the stores' scored step-0 rows: the record the report shows."""
     from eyrie.train.model import read_target_tensors
@@ -176,7 +182,7 @@ def measure(
         "bigram_acc": bigram(train, held, embed.shape[0]),
         "read_s": time.time() - t0,
     }
-    kw = dict(epochs=probe_epochs, width=probe_width)
+    kw = dict(epochs=probe_epochs, width=probe_width, progress=progress)
     out["probe"] = probe(train, held, embed, **kw)
     if with_final:
         out["probe_with_final"] = probe(train, held, embed, with_final=True, **kw)

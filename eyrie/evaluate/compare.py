@@ -20,6 +20,7 @@ import math
 import statistics
 from collections.abc import Callable
 
+from eyrie.common.progress import bar
 from eyrie.evaluate.speculate import (
     DraftRunner,
     Generation,
@@ -41,11 +42,17 @@ def interleaved(
     plain: Callable[[dict], Generation],
     spec: Callable[[dict], Generation],
     repeats: int,
+    progress: bool = False,
 ) -> list[list[tuple[Generation, Generation]]]:
     """runs[r][i] = (plain, speculative) generation of prompt i in repeat r, decoded as a pair
-    back to back, plain first in even repeats and speculative first in odd ones."""
+    back to back, plain first in even repeats and speculative first in odd ones. `progress`: a
+    bar of pairs (between pairs, outside the timed generations)."""
     if repeats < 1:
         raise SpeculateError(f"evaluate.repeats must be at least 1, got {repeats}")
+    meter = bar(
+        total=repeats * len(prompts), desc="plain vs speculative", unit="pair",
+        disable=not progress,
+    )  # fmt: skip
     runs = []
     for r in range(repeats):
         pairs = []
@@ -57,7 +64,9 @@ def interleaved(
                 b = spec(p)
                 a = plain(p)
             pairs.append((a, b))
+            meter.update(1)
         runs.append(pairs)
+    meter.close()
     return runs
 
 
@@ -73,6 +82,7 @@ def compare(
     repeats: int = 3,
     topk: int = 1,
     verify_tokens: int | None = None,
+    progress: bool = False,
 ) -> dict:
     """Plain greedy vs speculative decoding of the same prompts, batch 1, interleaved prompt by
     prompt and repeated (see the module's docstring); the record of ``summarize``. ``k`` drafts
@@ -96,6 +106,7 @@ def compare(
         lambda p: greedy_generate(target, p["input_ids"], max_new_tokens, eos),
         lambda p: spec(p, max_new_tokens),
         repeats,
+        progress,
     )
     return {**summarize(rows_of(prompts, runs), k), "topk": topk, "verify_tokens": verify}
 

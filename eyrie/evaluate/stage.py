@@ -85,6 +85,7 @@ def run_speculate(
     repeats=3,
     topk=1,
     verify_tokens=None,
+    progress=False,
 ) -> dict:
     """The transformers loop: plain vs speculative greedy decoding, with the machine; the
     speed-up is the median of ``repeats`` interleaved passes (eyrie/evaluate/compare.py)."""
@@ -108,6 +109,7 @@ def run_speculate(
             repeats=repeats,
             topk=topk,
             verify_tokens=verify_tokens,
+            progress=progress,
         )
     finally:
         target.close()

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from tqdm import tqdm
 
 from eyrie.common import atomic
 from eyrie.common.config import config_hash
+from eyrie.common.progress import bar as progress_bar
 from eyrie.common.provenance import file_sha256
 from eyrie.extract.split import (
     ExtractError,
@@ -203,7 +203,7 @@ def resume_plan(
             f"{work_store} is finished but {sum(map(len, groups))} samples are neither in "
             f"it nor in {work_errors}; delete {work_store.parent} and rerun"
         )
-    bar = tqdm(
+    bar = progress_bar(
         total=len(members),
         initial=len(committed) + len(errors),
         unit="sample",

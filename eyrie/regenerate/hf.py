@@ -3,14 +3,18 @@
 `HFGenerator.generate` answers a list of token-id prompts with transformers' own `generate`
 (greedy at temperature 0, else sampling), a batch at a time, prompts sorted by length so little
 padding is spent. The answer stops at the first end-of-turn id (the tokenizer's eos and the
-generation config's) and reports whether it stopped there or at `max_new_tokens`.
+generation config's) and reports whether it stopped there or at `max_new_tokens`. While a batch
+decodes, `on_tokens(n)` (when set) hears of each step's new tokens, so a progress bar moves
+token by token rather than once per batch (a batch of long answers takes minutes on a CPU).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 
 @dataclass
@@ -29,8 +33,35 @@ def stop_ids(tokenizer, model) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+class _TokenCounter(BaseStreamer):
+    """transformers' streamer hook: the prompt first, then one token per row and step; counts
+    the tokens of the rows still answering (a finished row is padded, not decoded)."""
+
+    def __init__(self, rows: int, stops: list[int], on_tokens: Callable[[int], None]):
+        self.live = [True] * rows
+        self.stops, self.on_tokens = set(stops), on_tokens
+        self.prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate() streams the prompt ids first
+            self.prompt_seen = True
+            return
+        n = 0
+        for row, token in enumerate(value.reshape(-1).tolist()):
+            if self.live[row]:
+                n += 1
+                self.live[row] = token not in self.stops
+        if n:
+            self.on_tokens(n)
+
+    def end(self) -> None:
+        pass
+
+
 class HFGenerator:
     """The target, in-process, answering prompts in batches."""
+
+    on_tokens: Callable[[int], None] | None = None  # set by the stage for its progress bar
 
     def __init__(
         self, model, tokenizer, *, max_new_tokens: int, temperature: float, batch_size: int
@@ -61,6 +92,9 @@ class HFGenerator:
             ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[row, width - len(p) :] = 1
         sample = self.temperature > 0
+        streamer = None
+        if self.on_tokens is not None:
+            streamer = _TokenCounter(len(prompts), self.stops, self.on_tokens)
         seq = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
@@ -71,6 +105,7 @@ class HFGenerator:
             top_k=0 if sample else None,
             pad_token_id=self.pad,
             eos_token_id=self.stops,
+            streamer=streamer,
         )
         answers = []
         for row in seq[:, width:].tolist():

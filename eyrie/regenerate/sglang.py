@@ -33,7 +33,10 @@ class SglangRegenerateError(EyrieError, RuntimeError):
 
 
 class SglangGenerator:
-    """Answers prompts through an SGLang server at `url`; `close()` stops a server it started."""
+    """Answers prompts through an SGLang server at `url`; `close()` stops a server it started.
+    `on_tokens(n)` (when set) hears of each answer's tokens as it arrives."""
+
+    on_tokens = None  # set by the stage for its progress bar
 
     def __init__(
         self, url: str, *, max_new_tokens: int, temperature: float, concurrency: int,
@@ -65,7 +68,10 @@ class SglangGenerator:
             except http.HttpError:
                 status, text = None, ""
             if status is not None and http.ok(status):
-                return self._answer(text)
+                answer = self._answer(text)
+                if self.on_tokens is not None:
+                    self.on_tokens(len(answer.ids))
+                return answer
             time.sleep(0.5 * (attempt + 1))
         return Answer([], False, failed=True)
 

@@ -15,16 +15,22 @@ import fcntl
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from eyrie.common import atomic
 from eyrie.common.errors import EyrieError
+from eyrie.common.progress import bar
 from eyrie.common.provenance import file_sha256, package_versions
-from eyrie.regenerate.turns import GENERATED, Outcome, count, regenerate_conversations
+from eyrie.regenerate.turns import (
+    GENERATED,
+    Outcome,
+    assistant_turns,
+    count,
+    regenerate_conversations,
+)
 
 log = logging.getLogger(__name__)
 WORK_DIR = ".work"
@@ -187,6 +193,33 @@ def nothing_generated(data_path, split: str, counts: dict) -> str:
     )
 
 
+class TurnMeter:
+    """The stage's progress: assistant turns settled of the split's (with an ETA), and the new
+    tokens so far with their rate, which move between turns while a batch decodes."""
+
+    def __init__(self, records: list[dict], done: int, split: str, progress: bool):
+        self.bar = bar(
+            total=assistant_turns(records), initial=done, desc=f"regenerate {split}",
+            unit="turn", disable=not progress,
+        )  # fmt: skip
+        self.tokens, self.start = 0, time.perf_counter()
+        self._lock = threading.Lock()  # the sglang backend reports from its request threads
+
+    def add_tokens(self, n: int) -> None:
+        with self._lock:
+            self.tokens += n
+            rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
+            self.bar.set_postfix_str(f"{self.tokens} new tokens, {rate:.0f} tokens/s", False)
+            self.bar.update(0)  # shown when the bar's interval has passed
+
+    def add_turns(self, n: int) -> None:
+        with self._lock:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def _run_chunks(fh, records, done, backend, settings: dict, split: str, progress) -> list:
     """Regenerate the chunks after `done`, appending each to the work file; all outcomes."""
     generator, tokenizer, max_positions = backend
@@ -197,20 +230,20 @@ def _run_chunks(fh, records, done, backend, settings: dict, split: str, progress
             f"a prompt in the target's {max_positions} positions; lower it"
         )
     size = int(settings["chunk"])
-    bar = tqdm(
-        total=len(records), initial=len(done), desc=f"regenerate {split}", disable=not progress,
-        unit="conv",
-    )  # fmt: skip
-    for first in range(len(done), len(records), size):
-        number = first // size
-        _seed(int(settings["seed"]), number)
-        outcomes = regenerate_conversations(
-            records[first : first + size], first, generator, tokenizer, max_prompt
-        )
-        append_chunk(fh, outcomes, number)
-        done = done + outcomes
-        bar.update(len(outcomes))
-    bar.close()
+    meter = TurnMeter(records, assistant_turns(records[: len(done)]), split, progress)
+    generator.on_tokens = meter.add_tokens  # generators without the hook just ignore it
+    try:
+        for first in range(len(done), len(records), size):
+            number = first // size
+            _seed(int(settings["seed"]), number)
+            outcomes = regenerate_conversations(
+                records[first : first + size], first, generator, tokenizer, max_prompt,
+                on_turns=meter.add_turns,
+            )  # fmt: skip
+            append_chunk(fh, outcomes, number)
+            done = done + outcomes
+    finally:
+        meter.close()
     return done
 
 

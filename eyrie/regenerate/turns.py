@@ -42,13 +42,21 @@ class Outcome:
 
 
 def regenerate_conversations(
-    records: list[dict], first_index: int, generator, tokenizer, max_prompt_tokens: int
+    records: list[dict],
+    first_index: int,
+    generator,
+    tokenizer,
+    max_prompt_tokens: int,
+    on_turns=None,
 ) -> list[Outcome]:
     """Outcomes of `records` (prepared dataset lines) with their assistant turns regenerated.
 
+    `on_turns(n)`, when given, hears of every assistant turn settled (answered, or dropped with
+    its conversation), round by round: over a split they add up to `assistant_turns` of it.
     An exception of the generator is not caught: nothing of the chunk is written, and a rerun
     regenerates it (the stage's resume).
     """
+    settled = on_turns or (lambda n: None)
     outcomes = [Outcome(first_index + k, SKIPPED, None) for k in range(len(records))]
     kept: list[list[dict]] = [[] for _ in records]  # messages so far, answers the target's
     rest = [list(rec["messages"]) for rec in records]  # source messages not yet handled
@@ -66,27 +74,30 @@ def regenerate_conversations(
             prompt = render(tokenizer, kept[k], add_generation_prompt=True)
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
             if len(ids) > max_prompt_tokens:
-                _stop(outcomes[k], rest[k], "prompt_too_long")
+                settled(_stop(outcomes[k], rest[k], "prompt_too_long"))
                 continue
             asks.append((k, ids))
         if not asks:
             break
         answers = generator.generate([ids for _, ids in asks])  # an error stops the chunk
         live = []
+        done = 0
         for (k, _), answer in zip(asks, answers, strict=True):
             if answer.failed:
-                _stop(outcomes[k], rest[k], "request_failed")
+                done += _stop(outcomes[k], rest[k], "request_failed")
                 continue
             text = tokenizer.decode(answer.ids, skip_special_tokens=True).strip()
             if not text:
-                _stop(outcomes[k], rest[k], "empty_answer")
+                done += _stop(outcomes[k], rest[k], "empty_answer")
                 continue
+            done += 1
             outcomes[k].kinds["answers"] += 1
             if not answer.stopped:
                 outcomes[k].kinds["cut_at_limit"] += 1
             rest[k].pop(0)  # the source's answer, replaced by the target's
             kept[k].append({"role": "assistant", "content": text})
             live.append(k)
+        settled(done)
     for k, rec in enumerate(records):
         msgs = kept[k]
         while msgs and msgs[-1]["role"] != "assistant":  # a question left without its answer
@@ -103,11 +114,18 @@ def _answers(messages: list[dict]) -> int:
     return sum(m["role"] == "assistant" for m in messages)
 
 
-def _stop(outcome: Outcome, rest: list[dict], kind: str) -> None:
-    """End a conversation here: this turn and the answers after it are dropped."""
+def assistant_turns(records: list[dict]) -> int:
+    """The answers a list of prepared conversations asks the target for."""
+    return sum(_answers(rec["messages"]) for rec in records)
+
+
+def _stop(outcome: Outcome, rest: list[dict], kind: str) -> int:
+    """End a conversation here: this turn and the answers after it are dropped (returned)."""
+    dropped = _answers(rest)
     outcome.kinds[kind] += 1
-    outcome.kinds["answers_dropped"] += _answers(rest)
+    outcome.kinds["answers_dropped"] += dropped
     rest.clear()
+    return dropped
 
 
 def count(outcomes: list[Outcome]) -> dict:

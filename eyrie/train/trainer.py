@@ -201,7 +201,8 @@ def train(
 def loop(run: Setup, loader, opt, sched, start, total, spe, work, identity, progress):
     """The optimizer steps from ``start`` to ``total``; returns (seconds, tokens trained on)."""
     from torch.nn.parallel import DistributedDataParallel
-    from tqdm import tqdm
+
+    from eyrie.common.progress import bar as progress_bar
 
     s, d, model, K = run.settings, run.d, run.model, int(run.settings["ttt_steps"])
     ddp = model
@@ -211,7 +212,9 @@ def loop(run: Setup, loader, opt, sched, start, total, spe, work, identity, prog
     weights = float(s["step_weight"]) ** torch.arange(K, dtype=torch.float64)
     f = open(work / "metrics.csv", "a", newline="") if d.main else None
     writer = csv.DictWriter(f, fieldnames=metric_columns(K)) if f else None
-    bar = tqdm(total=total, initial=start, disable=not (progress and d.main), unit="step")
+    bar = progress_bar(
+        total=total, initial=start, desc="train", unit="step", disable=not (progress and d.main)
+    )
     t0, tokens = time.time(), 0
     try:
         for step, batch in zip(range(start, total), loader, strict=False):

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from eyrie.common.hf_config import text_config
+from eyrie.common.progress import bar as progress_bar
 from eyrie.common.provenance import dir_bytes
 from eyrie.extract.shard import read_errors, read_split, resolve_aux_layer_ids, shard_members
 from eyrie.store.codecs import cosine_bar, stored_mantissa_bits
@@ -97,6 +98,7 @@ def validate_shard(
     device: str = "auto",
     architecture: str | None = None,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict:
     """A report (a JSON-ready dict) of one shard; problems are listed, never raised."""
     from eyrie.store.shard import ShardReader, StoreError
@@ -149,7 +151,11 @@ def validate_shard(
     # values, against an independent re-tokenization
     decoded = []
     if sliceable:
+        meter = progress_bar(
+            total=raw.n, desc=f"validate {split}/{shard:03d}", unit="sample", disable=not progress
+        )
         for s, sid, arr in iter_samples(raw, p):
+            meter.update(1)
             rec = first_ids.get(sid)
             ref = None
             if rec is not None and rec.messages:
@@ -162,6 +168,7 @@ def validate_shard(
                     p.add("input_ids", sid, f"re-tokenization failed: {exc}")
             check_values(sid, arr, ref, p)
             decoded.append(s)
+        meter.close()
 
     # the target itself; a lossy store (attribute precision) is held to a bar relaxed by the
     # rounding's known bound (eyrie/store/codecs.py)

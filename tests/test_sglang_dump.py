@@ -325,6 +325,7 @@ def test_requests_wait_while_the_dump_folder_is_full(setup):
     cap._room()
     assert 0.25 < time.monotonic() - t0 < 3 and folder.stats.waited_s > 0.25
     big.write_bytes(b"x" * 4096)
+    time.sleep(0.1)  # the folder's size is scanned again at most every 50 ms
     cap.request_timeout = 0.2
     with pytest.raises(SglangError, match="max_dump_bytes"):
         cap._room()
@@ -356,6 +357,27 @@ def test_chunk_files_are_what_safetensors_reads(tmp_path):
     with safe_open(str(path), framework="pt") as f:
         assert f.metadata() == {"rid": "eyrie-x:1", "tokens": "7"}
     assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]  # no temporary left
+
+
+def test_the_client_reads_what_safetensors_writes(tmp_path):
+    from safetensors.torch import save_file
+
+    from eyrie.extract.dumps import read_chunk
+
+    g = torch.Generator().manual_seed(1)
+    tensors = {
+        "aux": torch.randn(9, 3, 5, generator=g).to(torch.bfloat16),
+        "final": torch.randn(9, 5, generator=g),
+        "input_ids": torch.randint(0, 1 << 40, (9,), generator=g),
+        "none": torch.zeros(0, 5, dtype=torch.bfloat16),
+    }
+    save_file(tensors, str(tmp_path / "c.safetensors"), metadata={"rid": "r", "tokens": "9"})
+    meta, got = read_chunk(tmp_path / "c.safetensors")
+    assert meta == {"rid": "r", "tokens": "9"} and sorted(got) == sorted(tensors)
+    for name, t in tensors.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    with pytest.raises(FileNotFoundError):
+        read_chunk(tmp_path / "absent.safetensors")
 
 
 @pytest.fixture
@@ -406,17 +428,19 @@ def test_a_full_queue_holds_the_forward_back(setup, held_writer, monkeypatch):
     monkeypatch.setattr(dump, "QUEUE_PASSES", 1)
     reqs = make_requests(seed=6)
     d = dumper(settings)
-    passes = [make_batch(reqs, [(f"{PREFIX}{r}", 0, 2)]) for r in "abc"]
+    n = dump.WRITER_THREADS + 2  # one pass in each writer's hands, one queued, one waiting
+    rids = [f"{PREFIX}q{i}" for i in range(n)]
+    reqs.update({rid: reqs[f"{PREFIX}a"] for rid in rids})
+    passes = [make_batch(reqs, [(rid, 0, 2)]) for rid in rids]
     runner = threading.Thread(target=lambda: [run_pass(d, *p) for p in passes], daemon=True)
     runner.start()
-    # one pass in the writer's hands, one in the queue: the third waits for room
     runner.join(0.5)
     assert runner.is_alive() and files(folder, proto.CHUNK_SUFFIX) == []
     held_writer.set()
     runner.join(10)
     assert not runner.is_alive() and d.flush(timeout=10)
-    assert len(files(folder, proto.CHUNK_SUFFIX)) == 3
-    assert d.timings.queue_wait_s > 0.3 and d.timings.passes_written == 3
+    assert len(files(folder, proto.CHUNK_SUFFIX)) == n
+    assert d.timings.queue_wait_s > 0.3 and d.timings.passes_written == n
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,59 @@ class Stats:
         self.max_chunks = max(self.max_chunks, chunks)
 
 
+class Arrivals:
+    """Wakes the request threads whose files arrived in the dump folder, from one thread that
+    lists the folder every `tick_s` while any request waits.
+
+    With tens of requests in flight in one process, each polling the folder on its own, the
+    threads spent their time taking turns at the interpreter's lock (py-spy on
+    benchmarks/bench_dump_client.py); here a waiting thread blocks on an event until one of the
+    names it waits for is listed, or until its timeout.
+    """
+
+    def __init__(self, path: Path, tick_s: float = 0.001):
+        self.path, self.tick_s = path, tick_s
+        self._cv = threading.Condition()
+        self._waiting: dict[str, list[threading.Event]] = {}
+        self._running = False
+
+    def wait(self, names: list[str], timeout: float) -> None:
+        """Until one of `names` is in the folder (it may already be), or `timeout` passes."""
+        event = threading.Event()
+        with self._cv:
+            for name in names:
+                self._waiting.setdefault(name, []).append(event)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="eyrie-dump-arrivals", daemon=True).start()
+        event.wait(timeout)
+        with self._cv:
+            for name in names:
+                events = self._waiting.get(name)
+                if events and event in events:
+                    events.remove(event)
+                    if not events:
+                        del self._waiting[name]
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                if not self._waiting:
+                    self._running = False
+                    return
+                names = set(self._waiting)
+            try:
+                here = names.intersection(os.listdir(self.path))
+            except OSError:
+                here = names  # the folder is gone: let the waiters see why
+            if here:
+                with self._cv:
+                    for name in here:
+                        for event in self._waiting.get(name, []):
+                            event.set()
+            time.sleep(self.tick_s)
+
+
 @dataclass
 class DumpFolder:
     """The client's side of the dump protocol (eyrie/sglang/patch/dump.py)."""
@@ -58,6 +112,10 @@ class DumpFolder:
     server: object = None  # the launched SglangServer, for its log when it dies
     stats: Stats = field(default_factory=Stats)
     closed: bool = False  # set when the job stops: waiting threads give up at once
+    _scan_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _arrivals: Arrivals | None = field(default=None, repr=False)
+    _scanned: int = 0
+    _scanned_at: float = float("-inf")
 
     def nbytes(self) -> int:
         total = 0
@@ -66,6 +124,15 @@ class DumpFolder:
                 with contextlib.suppress(OSError):
                     total += entry.stat().st_size
         return total
+
+    def nbytes_recent(self, max_age_s: float = 0.05) -> int:
+        """nbytes(), scanned at most every `max_age_s` whatever the number of request threads
+        asking (a scan stats every file of the folder)."""
+        with self._scan_lock:
+            now = time.monotonic()
+            if now - self._scanned_at > max_age_s:
+                self._scanned, self._scanned_at = self.nbytes(), now
+            return self._scanned
 
     def statuses(self) -> list[dict]:
         out = []
@@ -153,15 +220,23 @@ class DumpFolder:
         return out
 
     def collect(self, rid: str, input_ids: np.ndarray, timeout: float):
-        """The request's (aux (T, k, H), final (T, H)), its chunks checked, joined and deleted."""
-        from safetensors import safe_open
+        """The request's (aux (T, k, H), final (T, H)), its chunks checked, joined and deleted.
 
-        key, total = proto.rid_key(rid), len(input_ids)
+        The chunks are looked up by name, prefix after prefix (a stat each, not a listing of
+        the folder), and each is read whole as soon as it is there: with tens of requests in
+        flight in one process, what a request costs the client between its answer and its
+        states bounds the whole extraction (benchmarks/bench_dump_client.py).
+        """
+        total = len(input_ids)
         t0 = time.perf_counter()
         # The server writes a pass's files from a thread of its own, so they may land a few
-        # milliseconds after the answer: poll often at first, never longer than 10 ms apart.
-        deadline, delay = time.monotonic() + timeout, 0.001
-        lengths: dict[int, int] = {}
+        # milliseconds after the answer: wait for them to be listed.
+        if self._arrivals is None:
+            self._arrivals = Arrivals(self.path)
+        deadline = time.monotonic() + timeout
+        read: dict[int, dict] = {}  # prefix -> the chunk's tensors
+        paths, lengths, at = [], {}, 0
+        waited = 0.0
         while True:
             err = self._error(rid)
             if err is not None:
@@ -169,46 +244,45 @@ class DumpFolder:
                     f"the server could not capture sample {rid!r}: {err.get('reason')}: "
                     f"{err.get('detail')}"
                 )
-            chunks = self._chunks(key)
-            for prefix, path in chunks.items():
-                if prefix not in lengths:
-                    with safe_open(str(path), framework="pt") as f:
-                        lengths[prefix] = int(f.metadata()["tokens"])
-            order, at = [], 0
-            while at in lengths and at < total:
-                order.append(at)
+            while at < total:
+                path = self.path / proto.chunk_name(rid, at)
+                try:
+                    meta, tensors = read_chunk(path)
+                except FileNotFoundError:
+                    break
+                if meta.get("rid") != rid or int(meta.get("prefix", -1)) != at:
+                    raise SglangError(
+                        f"{path} holds rid {meta.get('rid')!r} prefix {meta.get('prefix')}, "
+                        f"not {rid!r} at {at}"
+                    )
+                read[at], lengths[at] = tensors, int(meta["tokens"])
+                paths.append(path)
                 at += lengths[at]
-            if at == total and set(order) == set(chunks):
+            if at >= total:
                 break
-            if at > total or (at == total and set(order) != set(chunks)):
-                raise SglangError(
-                    f"the dumps of sample {rid!r} do not tile its {total} tokens (chunks at "
-                    f"{sorted(lengths.items())}); the server computed another prompt"
-                )
             if time.monotonic() > deadline:
                 raise SglangError(self._missing(rid, total, lengths))
             if self.closed:
                 raise SglangError("the job is stopping")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+            t_wait = time.perf_counter()
+            names = [proto.chunk_name(rid, at), proto.error_name(rid)]
+            self._arrivals.wait(names, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+            waited += time.perf_counter() - t_wait
         t1 = time.perf_counter()
-        aux, final, ids, pos = [], [], [], []
-        for prefix in order:
-            with safe_open(str(chunks[prefix]), framework="pt") as f:
-                meta = f.metadata()
-                if meta.get("rid") != rid or int(meta.get("prefix", -1)) != prefix:
-                    raise SglangError(
-                        f"{chunks[prefix]} holds rid {meta.get('rid')!r} prefix "
-                        f"{meta.get('prefix')}, not {rid!r} at {prefix}"
-                    )
-                aux.append(f.get_tensor("aux"))
-                final.append(f.get_tensor("final"))
-                names = set(f.keys())
-                ids.append(f.get_tensor("input_ids") if "input_ids" in names else None)
-                pos.append(f.get_tensor("positions") if "positions" in names else None)
-        for path in chunks.values():
+        beyond = (self.path / proto.chunk_name(rid, total)).exists()
+        if at > total or beyond:
+            more = f", and one at {total}" if beyond else ""
+            raise SglangError(
+                f"the dumps of sample {rid!r} do not tile its {total} tokens (chunks at "
+                f"{sorted(lengths.items())}{more}); the server computed another prompt"
+            )
+        for path in paths:
             path.unlink(missing_ok=True)
-        aux_t, final_t = _joined(aux), _joined(final)
+        order = sorted(read)
+        aux_t = _joined([read[p]["aux"] for p in order])
+        final_t = _joined([read[p]["final"] for p in order])
+        ids = [read[p].get("input_ids") for p in order]
+        pos = [read[p].get("positions") for p in order]
         if all(i is not None for i in ids):
             seen = _joined(ids).numpy()
             if not np.array_equal(seen, np.asarray(input_ids, dtype=np.int64)):
@@ -223,8 +297,8 @@ class DumpFolder:
                     f"the dumps of sample {rid!r} sit at positions other than 0..{total - 1}"
                 )
         self.stats.add(total, len(order))
-        self.stats.dump_wait_s += t1 - t0
-        self.stats.read_s += time.perf_counter() - t1
+        self.stats.dump_wait_s += waited
+        self.stats.read_s += (t1 - t0 - waited) + (time.perf_counter() - t1)
         return aux_t, final_t
 
     def _missing(self, rid: str, total: int, lengths: dict) -> str:
@@ -252,3 +326,13 @@ class DumpFolder:
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     """The chunks' tensors one after another (no copy for a request that came in one pass)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def read_chunk(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(metadata, tensors) of a chunk file; FileNotFoundError when it is not there yet. The
+    tensors map the file (safetensors' reader): no copy here, and none of the dump folder's
+    RAM (tmpfs) while the store's writer reads them; deleting the file keeps the mapping."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {}), {name: f.get_tensor(name) for name in f.keys()}

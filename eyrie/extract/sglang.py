@@ -110,7 +110,7 @@ class SglangCapture:
 
     def _room(self) -> None:
         t0 = time.monotonic()
-        while self.folder.nbytes() > self.max_bytes:
+        while self.folder.nbytes_recent() > self.max_bytes:
             if self.folder.closed:
                 raise SglangError("the job is stopping")
             if time.monotonic() - t0 > self.request_timeout:
@@ -127,7 +127,8 @@ class SglangCapture:
         """(aux, final) of one sample, or ("error", reason, detail) for a refused sample."""
         rid = f"{self.rid_prefix}{sample_id}"
         self._room()
-        self.folder.clear(rid)
+        if self.folder.external:  # a shared folder may hold an earlier attempt's files
+            self.folder.clear(rid)
         payload = {
             "input_ids": [int(i) for i in input_ids],
             "rid": rid,

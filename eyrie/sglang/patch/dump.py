@@ -42,7 +42,8 @@ from .protocol import (
 )
 
 STATUS_EVERY_S = 1.0  # how often a busy writer refreshes the status file's counters
-QUEUE_PASSES = 4  # passes staged in pinned memory at most, waiting for the writer
+QUEUE_PASSES = 4  # passes staged in pinned memory at most, waiting for a writer thread
+WRITER_THREADS = 2
 
 # ---------------------------------------------------------------------------------------------
 # the dumper
@@ -86,7 +87,11 @@ class Dumper:
         self.timings = Timings()
         self._copy = HostCopy()
         self._writer = PassWriter(
-            self.timings, QUEUE_PASSES, on_error=self._writer_failed, on_idle=self._refresh
+            self.timings,
+            QUEUE_PASSES,
+            threads=WRITER_THREADS,
+            on_error=self._writer_failed,
+            on_idle=self._refresh,
         )
         self._status_at = 0.0
         ensure_private_dir(settings.dump_dir)

@@ -126,26 +126,36 @@ class Timings:
 
 
 class PassWriter:
-    """A daemon thread that writes queued passes in order; `depth` passes wait at most.
+    """`threads` daemon threads that write the queued passes; `depth` passes wait at most.
+    Each pass's files are independent of the others' (a chunk is named by its rid and prefix),
+    so they need no order; two threads keep a tmpfs's page allocation off the critical path
+    at Llama-3.1-8B's width (one wrote about 1.1 GB/s on the H200's host).
 
     `on_idle()` runs on the thread once it has had nothing to write for `idle_s` after a write
     (the dumper refreshes its status file there, so the counters are current once work stops).
     """
 
-    def __init__(self, timings: Timings, depth=8, *, on_error=None, on_idle=None, idle_s=0.5):
+    def __init__(
+        self, timings: Timings, depth=8, *, threads=2, on_error=None, on_idle=None, idle_s=0.5
+    ):
         self.timings = timings
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._on_error = on_error
         self._on_idle = on_idle
         self._idle_s = idle_s
-        self._thread: threading.Thread | None = None
+        self._threads = threads
+        self._workers: list[threading.Thread] | None = None
         self._idle = threading.Condition()
         self._pending = 0
 
     def put(self, item: HostPass) -> None:
-        if self._thread is None:  # started on first use: after SGLang forked its processes
-            self._thread = threading.Thread(target=self._run, name="eyrie-dump", daemon=True)
-            self._thread.start()
+        if self._workers is None:  # started on first use: after SGLang forked its processes
+            self._workers = [
+                threading.Thread(target=self._run, name=f"eyrie-dump-{i}", daemon=True)
+                for i in range(self._threads)
+            ]
+            for worker in self._workers:
+                worker.start()
         with self._idle:
             self._pending += 1
         t0 = time.perf_counter()

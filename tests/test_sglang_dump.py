@@ -9,6 +9,7 @@ tensors; what the client reads back must equal them bit for bit.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -464,3 +465,31 @@ def test_states_on_the_gpu_reach_the_files_unchanged(setup):
         ids, want_aux, want_final = reqs[rid]
         got_aux, got_final = folder.collect(rid, ids.numpy(), timeout=5)
         assert torch.equal(got_aux, want_aux) and torch.equal(got_final, want_final), rid
+
+
+def test_a_waiting_request_is_woken_when_its_file_is_listed(tmp_path, monkeypatch):
+    from eyrie.extract import dumps
+
+    arrivals = dumps.Arrivals(tmp_path, tick_s=0.001)
+    threading.Timer(0.2, (tmp_path / "b.safetensors").write_bytes, args=(b"x",)).start()
+    t0 = time.monotonic()
+    arrivals.wait(["a.safetensors", "b.safetensors"], timeout=5)
+    assert 0.15 < time.monotonic() - t0 < 1.0  # woken by the listing, not by the timeout
+    t0 = time.monotonic()
+    arrivals.wait(["c.safetensors"], timeout=0.1)  # never comes: the timeout bounds the wait
+    assert 0.08 < time.monotonic() - t0 < 1.0
+    # a lister that dies is replaced by the next waiter's
+    real, calls = os.listdir, []
+
+    def broken(path):
+        calls.append(path)
+        if len(calls) == 1:
+            raise RuntimeError("listing failed")
+        return real(path)
+
+    monkeypatch.setattr(dumps.os, "listdir", broken)
+    arrivals.wait(["b.safetensors"], timeout=0.2)  # the first lister dies here
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    arrivals.wait(["b.safetensors"], timeout=5)
+    assert time.monotonic() - t0 < 1.0 and len(calls) >= 2

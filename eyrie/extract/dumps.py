@@ -82,22 +82,27 @@ class Arrivals:
                         del self._waiting[name]
 
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                if not self._waiting:
-                    self._running = False
-                    return
-                names = set(self._waiting)
-            try:
-                here = names.intersection(os.listdir(self.path))
-            except OSError:
-                here = names  # the folder is gone: let the waiters see why
-            if here:
+        try:
+            while True:
                 with self._cv:
-                    for name in here:
-                        for event in self._waiting.get(name, []):
-                            event.set()
-            time.sleep(self.tick_s)
+                    if not self._waiting:
+                        self._running = False
+                        return
+                    names = set(self._waiting)
+                try:
+                    here = names.intersection(os.listdir(self.path))
+                except OSError:
+                    here = names  # the folder is gone: let the waiters see why
+                if here:
+                    with self._cv:
+                        for name in here:
+                            for event in self._waiting.get(name, []):
+                                event.set()
+                time.sleep(self.tick_s)
+        except BaseException:  # the next waiter starts a lister again
+            with self._cv:
+                self._running = False
+            raise
 
 
 @dataclass
@@ -233,7 +238,7 @@ class DumpFolder:
         # milliseconds after the answer: wait for them to be listed.
         if self._arrivals is None:
             self._arrivals = Arrivals(self.path)
-        deadline = time.monotonic() + timeout
+        deadline, fallback = time.monotonic() + timeout, 0.0025
         read: dict[int, dict] = {}  # prefix -> the chunk's tensors
         paths, lengths, at = [], {}, 0
         waited = 0.0
@@ -266,7 +271,10 @@ class DumpFolder:
                 raise SglangError("the job is stopping")
             t_wait = time.perf_counter()
             names = [proto.chunk_name(rid, at), proto.error_name(rid)]
-            self._arrivals.wait(names, timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+            # the lister wakes it; the timeout bounds a wake-up the lister misses (short first:
+            # a dump lands milliseconds after its answer; longer while the server is behind)
+            fallback = min(0.05, fallback * 2)
+            self._arrivals.wait(names, min(fallback, max(0.0, deadline - time.monotonic())))
             waited += time.perf_counter() - t_wait
         t1 = time.perf_counter()
         beyond = (self.path / proto.chunk_name(rid, total)).exists()

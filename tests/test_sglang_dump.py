@@ -141,8 +141,11 @@ def test_chunked_passes_are_joined_and_other_requests_ignored(setup):
     # a, b, and c in two chunks; nothing for the health check, the warm-up or the decode pass
     assert len(files(folder, proto.CHUNK_SUFFIX)) == 4
     assert files(folder, proto.ERROR_SUFFIX) == []
-    c_chunks = folder._chunks(proto.rid_key(f"{PREFIX}c"))
-    assert sorted(c_chunks) == [0, 4]
+    c_key = proto.rid_key(f"{PREFIX}c")
+    assert sorted(p.name for p in folder.path.glob(f"{c_key}.*")) == [
+        proto.chunk_name(f"{PREFIX}c", 0),
+        proto.chunk_name(f"{PREFIX}c", 4),
+    ]
     for rid in (f"{PREFIX}a", f"{PREFIX}b", f"{PREFIX}c"):
         ids, aux, final = reqs[rid]
         got_aux, got_final = folder.collect(rid, ids.numpy(), timeout=1)

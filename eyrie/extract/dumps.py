@@ -216,14 +216,6 @@ class DumpFolder:
             return json.loads(p.read_text())
         return {"reason": "unreadable", "detail": str(p)}
 
-    def _chunks(self, key: str) -> dict[int, Path]:
-        out = {}
-        for p in self.path.glob(f"{key}.*{proto.CHUNK_SUFFIX}"):
-            parsed = proto.parse_chunk_name(p.name)
-            if parsed and parsed[0] == key:
-                out[parsed[1]] = p
-        return out
-
     def collect(self, rid: str, input_ids: np.ndarray, timeout: float):
         """The request's (aux (T, k, H), final (T, H)), its chunks checked, joined and deleted.
 

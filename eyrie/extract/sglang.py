@@ -62,6 +62,15 @@ def settings_of(capture: dict) -> dict:
 # requests
 
 
+def prefill_request(rid: str, input_ids) -> dict:
+    """The /generate body of a capture: the prompt's token ids under our rid, one new token."""
+    return {
+        "input_ids": [int(i) for i in input_ids],
+        "rid": rid,
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+    }
+
+
 class SglangCapture:
     """Captures samples through a patched server, a bounded number of requests at a time.
 
@@ -129,14 +138,12 @@ class SglangCapture:
         self._room()
         if self.folder.external:  # a shared folder may hold an earlier attempt's files
             self.folder.clear(rid)
-        payload = {
-            "input_ids": [int(i) for i in input_ids],
-            "rid": rid,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-        }
         try:
             status, body = post_json(
-                f"{self.url}/generate", payload, self.request_timeout, inflight=self.inflight
+                f"{self.url}/generate",
+                prefill_request(rid, input_ids),
+                self.request_timeout,
+                inflight=self.inflight,
             )
         except HttpError as exc:
             if self.inflight.cancelled:  # the job stops for a fault found elsewhere
@@ -241,10 +248,10 @@ def probe_dump(url: str, folder: DumpFolder, rid_prefix: str, timeout: float) ->
     """One two-token request whose dump must come back: proves that the server at `url` runs
     the patch and writes into this job's folder now (its status files may be a dead server's)."""
     rid = f"{rid_prefix}probe-{uuid.uuid4().hex[:12]}"
-    payload = {"input_ids": PROBE_IDS.tolist(), "rid": rid,
-               "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}  # fmt: skip
     try:
-        status, body = post_json(f"{url}/generate", payload, timeout=max(timeout, 30.0))
+        status, body = post_json(
+            f"{url}/generate", prefill_request(rid, PROBE_IDS), timeout=max(timeout, 30.0)
+        )
     except HttpError as exc:
         raise SglangError(f"the SGLang server at {url} failed a probe request: {exc}") from None
     if status != 200:

@@ -61,16 +61,6 @@ def error_name(rid: str) -> str:
     return f"{rid_key(rid)}{ERROR_SUFFIX}"
 
 
-def parse_chunk_name(name: str) -> tuple[str, int] | None:
-    """(key, prefix) of a chunk file name; None for any other name."""
-    if name.startswith(".") or not name.endswith(CHUNK_SUFFIX):
-        return None
-    key, _, prefix = name[: -len(CHUNK_SUFFIX)].partition(".")
-    if len(key) != KEY_CHARS or len(prefix) != PREFIX_DIGITS or not prefix.isdigit():
-        return None
-    return key, int(prefix)
-
-
 # ---------------------------------------------------------------------------------------------
 # files
 

@@ -315,7 +315,10 @@ def run_plain(args, settings, target, manifest, samples, log_dir) -> dict:
                 "runs": measure(plain_sender(server.url), samples, args, "unpatched")}  # fmt: skip
 
 
-def run_patched(args, settings, target, bundle, manifest, samples, log_dir) -> dict:
+@contextmanager
+def patched_client(args, settings, target, bundle, manifest, log_dir, sent: int):
+    """(send, probe, spy, result) of a patched server started as extraction starts it; on
+    leaving, `result` gets the dump counts, checked against the `sent` requests."""
     from eyrie.extract.sglang import SglangCapture, patched_server
 
     prefix, log = f"{settings['rid_prefix']}bench:", log_dir / "patched.log"
@@ -324,24 +327,84 @@ def run_patched(args, settings, target, bundle, manifest, samples, log_dir) -> d
         cap = SglangCapture(url, folder, settings, prefix)
         clock = {"one_s": 0.0, "collect_s": 0.0}
         pid = scheduler_pid(folder.server) if args.py_spy else None
-
-        def spy(c):
-            return py_spy(args.py_spy, pid, log_dir / f"py-spy-c{c}.txt")
-
+        result = {"ready_s": folder.server.ready_s, "command": folder.server.cmd}
         try:
-            runs = measure(capture_sender(cap, clock), samples, args, "patched",
-                           probe=lambda: profile_now(folder, clock), spy=spy)  # fmt: skip
+            spy = lambda c: py_spy(args.py_spy, pid, log_dir / f"py-spy-c{c}.txt")  # noqa: E731
+            yield capture_sender(cap, clock), lambda: profile_now(folder, clock), spy, result
         finally:
             cap.close()
         stats = folder.stats
-        sent = len(samples[: args.warmup]) + len(args.concurrency) * args.passes * len(samples)
         if stats.requests != sent or stats.chunks < sent:
             raise SystemExit(f"patched: dumps of {stats.requests} requests read ({stats.chunks} "
                              f"files) for {sent} sent: the capture did not happen")  # fmt: skip
-        return {"ready_s": folder.server.ready_s, "command": folder.server.cmd, "runs": runs,
-                "dumped_requests": stats.requests, "dump_files": stats.chunks,
-                "dumped_tokens": stats.tokens, "chunked_requests": stats.chunked,
-                "dump_wait_s": stats.waited_s}  # fmt: skip
+        result.update({"dumped_requests": stats.requests, "dump_files": stats.chunks,
+                       "dumped_tokens": stats.tokens, "chunked_requests": stats.chunked,
+                       "dump_wait_s": stats.waited_s})  # fmt: skip
+
+
+def sent_requests(args, samples: list) -> int:
+    return len(samples[: args.warmup]) + len(args.concurrency) * args.passes * len(samples)
+
+
+def run_patched(args, settings, target, bundle, manifest, samples, log_dir) -> dict:
+    sent = sent_requests(args, samples)
+    with patched_client(args, settings, target, bundle, manifest, log_dir, sent) as client:
+        send, probe, spy, result = client
+        result["runs"] = measure(send, samples, args, "patched", probe=probe, spy=spy)
+    return result
+
+
+def with_memory(settings: dict, fraction: float) -> dict:
+    """settings whose server_args hold --mem-fraction-static `fraction` (replacing any)."""
+    args, out = list(settings["server_args"]), []
+    while args:
+        flag = args.pop(0)
+        if flag == "--mem-fraction-static":
+            args.pop(0)
+        elif not flag.startswith("--mem-fraction-static="):
+            out.append(flag)
+    return {**settings, "server_args": [*out, "--mem-fraction-static", str(fraction)]}
+
+
+def run_paired(args, settings, target, bundle, manifest, samples, log_dir) -> dict:
+    """Both servers up at once on the GPU, their passes interleaved (unpatched then patched,
+    then the other way round): a drift of the machine's speed during the run moves both sides
+    of a pair alike. Each pair's ratio is kept; the median of a concurrency's pairs is its
+    ratio. The unpatched server starts first with the smaller share of GPU memory, since
+    SGLang sizes its KV pool from what is free at its start."""
+    plain_mem, patched_mem = args.paired_memory
+    command = plain_command(with_memory(settings, plain_mem), target, manifest)
+    sent = sent_requests(args, samples)
+    with (ready_server(command, log_dir / "unpatched.log", settings["launch_timeout_s"]) as server,
+          patched_client(args, with_memory(settings, patched_mem), target, bundle, manifest,
+                         log_dir, sent) as client):  # fmt: skip
+        send, probe, _spy, patched = client
+        sends = {"unpatched": plain_sender(server.url), "patched": send}
+        for name, s in sends.items():
+            timed_pass(s, samples[: args.warmup], max(args.concurrency), f"warm-{name}-")
+        runs = {"unpatched": {}, "patched": {}}
+        for c in args.concurrency:
+            passes = {"unpatched": [], "patched": []}
+            for p in range(args.passes):
+                for name in ("unpatched", "patched")[:: 1 if p % 2 == 0 else -1]:
+                    before = probe() if name == "patched" else None
+                    passes[name].append(timed_pass(sends[name], samples, c, f"c{c}p{p}-{name}-"))
+                    if before is not None:
+                        passes[name][-1]["profile"] = profile_delta(before, probe())
+            plain, ours = passes["unpatched"], passes["patched"]
+            pairs = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(plain, ours)]  # noqa: B905
+            for name in runs:
+                rates = [q["tokens_per_s"] for q in passes[name]]
+                runs[name][str(c)] = {"median_tokens_per_s": statistics.median(rates),
+                                      "passes": passes[name]}  # fmt: skip
+                print(f"{name} c={c}: " + ", ".join(f"{r:,.0f}" for r in rates) + " tok/s")
+            runs["patched"][str(c)]["pair_ratios"] = [round(r, 4) for r in pairs]
+            for q in passes["patched"]:
+                print(f"  profile ({q['seconds']:.2f} s pass): {json.dumps(q['profile'])}")
+            print("  pairs (patched/unpatched):", ", ".join(f"{r:.3f}" for r in pairs), flush=True)
+    patched["runs"] = runs["patched"]
+    return {"ready_s": server.ready_s, "command": server.cmd, "runs": runs["unpatched"],
+            "memory": plain_mem}, {**patched, "memory": patched_mem}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,6 +428,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="benchmarks/out/capture-overhead", help="shape, bundle, logs")
     ap.add_argument("--py-spy", help="py-spy binary: sample the patched server's scheduler")
     ap.add_argument("--unpatched-from", help="a JSON of this script: take its unpatched runs")
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="both servers up at once, their passes interleaved (one GPU holds both)",
+    )
+    ap.add_argument("--paired-memory", type=float, nargs=2, default=[0.3, 0.5],
+                    metavar=("UNPATCHED", "PATCHED"),
+                    help="--mem-fraction-static of each, paired")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="target, samples and commands only")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
@@ -395,16 +466,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     log_dir = work / "logs"
     rec["eyrie_source"] = os.environ.get("EYRIE_SOURCE") or "this checkout"
-    if args.unpatched_from:
+    rec["paired"] = args.paired
+    if args.paired:
+        rec["unpatched"], rec["patched"] = run_paired(
+            args, settings, target, bundle, manifest, samples, log_dir
+        )
+    elif args.unpatched_from:
         rec["unpatched"] = json.loads(Path(args.unpatched_from).read_text())["unpatched"]
         rec["unpatched"]["from"] = args.unpatched_from
     else:
         rec["unpatched"] = run_plain(args, settings, target, manifest, samples, log_dir)
-    atomic.write_json(args.json, rec)  # kept if the patched server fails
-    rec["patched"] = p = run_patched(args, settings, target, bundle, manifest, samples, log_dir)
+    if not args.paired:
+        atomic.write_json(args.json, rec)  # kept if the patched server fails
+        rec["patched"] = run_patched(args, settings, target, bundle, manifest, samples, log_dir)
+    p = rec["patched"]
     for c in map(str, args.concurrency):
         plain, patched = rec["unpatched"]["runs"][c]["median_tokens_per_s"], p["runs"][c]
-        patched["ratio_to_unpatched"] = ratio = patched["median_tokens_per_s"] / plain
+        ratio = patched["median_tokens_per_s"] / plain
+        if "pair_ratios" in patched:
+            ratio = statistics.median(patched["pair_ratios"])  # of the pairs, not of the medians
+        patched["ratio_to_unpatched"] = ratio
         print(f"c={c}: unpatched {plain:,.0f} tok/s, patched {patched['median_tokens_per_s']:,.0f}"
               f" tok/s (dumps read back), patched/unpatched {ratio:.3f}")  # fmt: skip
     mib = p["runs"][c]["passes"][-1]["state_bytes"] / 2**20

@@ -73,3 +73,12 @@ def test_a_pass_counts_what_the_server_received(tmp_path):
     assert 24 * 0.02 / 4 <= rec["seconds"] < 24 * 0.02  # in flight together, not one by one
     assert rec["tokens_per_s"] == pytest.approx(rec["prompt_tokens"] / rec["seconds"])
     assert rec["state_bytes"] == 0
+
+
+def test_paired_servers_get_their_own_memory_share():
+    bench = load_benchmark()
+    settings = {"server_args": ["--a", "--mem-fraction-static", "0.5", "--b", "1",
+                                "--mem-fraction-static=0.7"], "dtype": "bfloat16"}  # fmt: skip
+    got = bench.with_memory(settings, 0.3)
+    assert got["server_args"] == ["--a", "--b", "1", "--mem-fraction-static", "0.3"]
+    assert settings["server_args"][2] == "0.5"  # the caller's settings are left as they were

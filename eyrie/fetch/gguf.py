@@ -30,8 +30,8 @@ def check_packages() -> None:
     if missing:
         raise FetchError(
             f"reading a GGUF file needs the Python package(s) {', '.join(missing)}, which this "
-            f"environment lacks; install them (pip install {' '.join(missing)}), or reinstall "
-            "Eyrie, which depends on them"
+            "environment lacks; install Eyrie with its gguf extra (pip install -e '.[gguf]' in "
+            f"the checkout), or pip install {' '.join(missing)}"
         )
 
 

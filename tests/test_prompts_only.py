@@ -203,7 +203,7 @@ def test_the_stage_counts_prompts_only_answers(tmp_path):
 def test_a_run_on_mtbench_questions_regenerates_extracts_and_validates_them(tmp_path):
     """Held-out MT-bench questions through the workflow (tests/configs/small.yaml, regeneration
     on): prepared as prompts, checked for overlap, answered turn by turn, extracted and
-    validated like any conversation."""
+    validated like any conversation, and decoded turn by turn by the transformers loop."""
     from slurm.workflow import CONFIGS, Workflow
 
     regen = {"enabled": True, "max_new_tokens": 12, "batch_size": 4, "chunk": 4, "device": "cpu"}
@@ -213,7 +213,8 @@ def test_a_run_on_mtbench_questions_regenerates_extracts_and_validates_them(tmp_
     )  # fmt: skip
     questions = [dict(q, question_id=q["question_id"] + k) for k in (0, 1) for q in QUESTIONS]
     write(wf.path("data/question.jsonl"), questions)
-    wf.run("--cores", "2", "results/validate/summary.csv", timeout=900)
+    wf.run("--cores", "2", "results/validate/summary.csv", "results/evaluate/speculate.json",
+           timeout=900)  # fmt: skip
 
     def lines(rel: str) -> list[dict]:
         return [json.loads(x) for x in wf.path(rel).read_text().splitlines()]
@@ -229,3 +230,7 @@ def test_a_run_on_mtbench_questions_regenerates_extracts_and_validates_them(tmp_
     table = pd.read_csv(wf.path("results/validate/summary.csv"), dtype={"shard": str})
     held = table[table["split"] == "heldout"]
     assert held["samples"].sum() == 4 and table["errors"].sum() == 0
+    spec = json.loads(wf.path("results/evaluate/speculate.json").read_text())
+    # evaluate.prompts 2: two questions of two turns each, 8 new tokens per turn
+    assert (spec["prompts"], spec["turns"], spec["identical"]) == (2, 4, 2)
+    assert [r["turns"] for r in spec["rows"]] == [2, 2]

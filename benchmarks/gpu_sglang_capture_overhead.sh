@@ -13,7 +13,8 @@
 #   source .gpu/w2/install.sh && PART=synthetic benchmarks/gpu_sglang_capture_overhead.sh
 # PART=chat|synthetic|both (chat: two server starts, about 5 minutes); CONCURRENCY="8 32"
 # (requests in flight, each measured on the same two servers); PAIRED=1|''; DUMP_ROOT=/dev/shm (where the
-# dumps go, capture.sglang.dump_root); OUT=benchmarks/out/gpu; PASSES=3 (timed passes each);
+# dumps go, capture.sglang.dump_root); WARMUP=1024 (untimed requests on each server first: a
+# whole pass, since the 2026-12-04 paired run's first timed passes were its slowest); OUT=benchmarks/out/gpu; PASSES=3 (timed passes each);
 # PY_SPY=path/to/py-spy (samples the patched server's scheduler during each concurrency's
 # passes); BEFORE=DIR (a folder holding an earlier release's eyrie/ package, e.g. from
 # `git archive COMMIT eyrie | tar -x -C DIR`): after each part, that release's patched server
@@ -38,7 +39,7 @@ run() {  # run NAME ARGS...: one unpatched and one patched server
   shift
   # shellcheck disable=SC2086  # CONCURRENCY is a list of numbers
   python3 benchmarks/sglang_capture_overhead.py --concurrency $CONCURRENCY \
-    --passes "${PASSES:-3}" ${PAIRED:+--paired} ${DUMP_ROOT:+--dump-root "$DUMP_ROOT"} ${PY_SPY:+--py-spy "$PY_SPY"} \
+    --passes "${PASSES:-3}" --warmup "${WARMUP:-1024}" ${PAIRED:+--paired} ${DUMP_ROOT:+--dump-root "$DUMP_ROOT"} ${PY_SPY:+--py-spy "$PY_SPY"} \
     --work "$WORK/$name" --json "$OUT/capture-overhead-$name.json" "$@" 2>&1 \
     | tee "$OUT/capture-overhead-$name.txt" || status=1
 }

@@ -33,15 +33,13 @@ unpatched rates of an earlier run of the same call instead of starting that serv
 from __future__ import annotations
 
 import argparse
-import collections
 import importlib.metadata
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -53,6 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if os.environ.get("EYRIE_SOURCE"):  # an earlier release of Eyrie, measured by this script
     sys.path.insert(0, str(Path(os.environ["EYRIE_SOURCE"]).resolve()))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+from pyspy_stacks import py_spy, scheduler_pid, tally_stacks  # noqa: E402
 
 from eyrie.common import atomic  # noqa: E402
 from eyrie.common.provenance import machine  # noqa: E402
@@ -132,8 +132,11 @@ def build_bundle(args, target: Path, work: Path) -> tuple[Path, dict]:
 
 
 def timed_pass(send, samples: list, concurrency: int, tag: str) -> dict:
-    """Every sample sent once by send(rid, ids) -> state bytes, `concurrency` in flight."""
-    with ThreadPoolExecutor(concurrency, thread_name_prefix="bench") as pool:
+    """Every sample sent once by send(rid, ids) -> state bytes, `concurrency` in flight: as
+    many threads, or send.threads(concurrency) (the patched client's, which keeps
+    `concurrency` requests at the server and reads dumps on the threads beyond)."""
+    threads = send.threads(concurrency) if hasattr(send, "threads") else concurrency
+    with ThreadPoolExecutor(threads, thread_name_prefix="bench") as pool:
         t0 = time.perf_counter()
         state_bytes = list(pool.map(lambda s: send(f"{tag}{s[0]}", s[1]), samples))
         seconds = time.perf_counter() - t0
@@ -177,6 +180,17 @@ def capture_sender(cap, clock: dict):
         aux, final = got
         return aux.numel() * aux.element_size() + final.numel() * final.element_size()
 
+    def threads(concurrency: int) -> int:
+        """The pass's threads; `concurrency` of them at the server at a time (a release
+        without the client's slots, EYRIE_SOURCE's, gets `concurrency` threads)."""
+        if not hasattr(cap, "slots"):
+            return concurrency
+        from eyrie.extract.sglang import client_threads
+
+        cap.slots = threading.Semaphore(concurrency)
+        return client_threads(concurrency)
+
+    send.threads = threads
     return send
 
 
@@ -202,77 +216,6 @@ def profile_now(folder, clock: dict) -> dict:
 def profile_delta(before: dict, after: dict) -> dict:
     return {k: (None if after[k] is None or before[k] is None else round(after[k] - before[k], 4))
             for k in after}  # fmt: skip
-
-
-def scheduler_pid(server) -> int | None:
-    """The pid of SGLang's scheduler process (its title: sglang::scheduler) under a server; the
-    server's own pid where it has none (the stand-in runs its passes in-process)."""
-    group = server.proc.pid
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry.name)) != group:
-                continue
-            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ProcessLookupError):
-            continue
-        if "scheduler" in title:
-            return int(entry.name)
-    return group
-
-
-@contextmanager
-def py_spy(binary: str | None, pid: int | None, out: Path):
-    """py-spy sampling `pid` (all threads, idle ones too) while the block runs; raw stacks."""
-    if not binary or not pid:
-        yield None
-        return
-    cmd = [binary, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--idle",
-           "--threads", "--nonblocking", "--output", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(1.0)  # attached before the timed passes start
-    try:
-        yield out
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            err = b"py-spy did not stop"
-        if proc.returncode not in (0, -signal.SIGINT) and not out.exists():
-            print(f"py-spy failed ({proc.returncode}): {err.decode()[-500:]}", flush=True)
-
-
-def tally_stacks(path: Path | None, top: int = 6) -> dict | None:
-    """Per thread of the sampled process, from py-spy's raw output: the share of samples whose
-    stack holds a frame of the patch (eyrie_sglang_patch), the patch's innermost frames and the
-    leaf frames, most frequent first; threads with the most patch samples first."""
-    if path is None or not path.exists():
-        return None
-    leaves: dict = collections.defaultdict(collections.Counter)
-    patch: dict = collections.defaultdict(collections.Counter)
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit() or not stack:
-            continue
-        frames = stack.split(";")
-        leaves[frames[0]][frames[-1]] += int(count)
-        ours = [f for f in frames if "eyrie_sglang_patch" in f]
-        if ours:
-            patch[frames[0]][ours[-1]] += int(count)
-    order = sorted(leaves, key=lambda t: -sum(patch[t].values()))
-    out = {}
-    for thread in order[:top]:
-        total = sum(leaves[thread].values())
-        out[thread] = {
-            "samples": total,
-            "in_patch": round(sum(patch[thread].values()) / total, 4),
-            "patch_frames": [(f, round(n / total, 4)) for f, n in patch[thread].most_common(4)],
-            "top_leaves": [(f, round(n / total, 4)) for f, n in leaves[thread].most_common(4)],
-        }
-    return out or None
 
 
 def measure(send, samples: list, args, name: str, probe=None, spy=None) -> dict:

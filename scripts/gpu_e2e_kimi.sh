@@ -10,7 +10,7 @@
 # starts; stops itself at 350 s (LIMIT_S).
 #
 # From the checkout root on the GPU machine, with the kit of shared/gpu/README.md and Eyrie's
-# wheels (scripts/gpu_wheels.sh: .gpu/w1a, then .gpu/w1b + .gpu/w2, then .gpu/w3):
+# wheels (scripts/gpu_wheels.sh: .gpu/w1a, .gpu/w1b, .gpu/w2, then .gpu/w3, one call each):
 #
 #   export PYTHONPATH=/tmp/site TVM_FFI_CACHE_DIR=/tmp/tvmffi && scripts/gpu_e2e_kimi.sh
 #

@@ -2,15 +2,17 @@
 # Builds, here (where PyPI is reachable), the wheels that Eyrie's GPU checks need on a GPU
 # machine without registry access (Python 3.12 there), next to the SGLang kit of
 # ../shared/gpu (fetch-wheels.sh makes .gpu/w1 and .gpu/w2):
-#   .gpu/w1a, .gpu/w1b  .gpu/w1 cut in two, so that each piece plus this repository fits one
-#                       64 MiB transfer to the GPU machine
+#   .gpu/w1a, .gpu/w1b  .gpu/w1 cut in two, so that each piece plus this repository (34 MB)
+#                       fits one 64 MiB transfer to the GPU machine: sglang_kernel alone (25 MB),
+#                       then sglang, flashinfer and transformers (31 MB)
 #   .gpu/w3             Eyrie's own dependencies (snakemake, zarr, numcodecs, pandas, ...) for
 #                       CPython 3.12, minus what .gpu/w2 holds; pulp without its bundled solver
 #                       binaries (Snakemake then uses its greedy scheduler)
-# On the GPU machine, in three calls within the machine's idle window:
+# On the GPU machine, in four calls within the machine's idle window:
 #   1. carry .gpu/w1a:          mkdir -p /tmp/wheels && cp .gpu/w1a/* /tmp/wheels/
-#   2. carry .gpu/w1b .gpu/w2:  cp .gpu/w1b/* /tmp/wheels/ && source .gpu/w2/install.sh
-#   3. carry .gpu/w3:           scripts/gpu_e2e_sglang.sh
+#   2. carry .gpu/w1b:          cp .gpu/w1b/* /tmp/wheels/
+#   3. carry .gpu/w2:           source .gpu/w2/install.sh
+#   4. carry .gpu/w3:           scripts/gpu_e2e_sglang.sh
 #                               (it finds SGLang in /tmp/site and installs .gpu/w3 there with
 #                               pip install --no-index --no-deps --target /tmp/site itself);
 #                               for benchmarks/gpu_*.sh, first:
@@ -24,8 +26,8 @@ cd "$top"
 [ -d .gpu/w1 ] && [ -d .gpu/w2 ] || { echo "run ../shared/gpu/fetch-wheels.sh first" >&2; exit 2; }
 rm -rf .gpu/w1a .gpu/w1b .gpu/w3
 mkdir -p .gpu/w1a .gpu/w1b .gpu/w3
-cp .gpu/w1/sglang-*.whl .gpu/w1/sglang_kernel-*.whl .gpu/w1a/
-cp .gpu/w1/flashinfer_python-*.whl .gpu/w1/transformers-*.whl .gpu/w1b/
+cp .gpu/w1/sglang_kernel-*.whl .gpu/w1a/
+cp .gpu/w1/sglang-*.whl .gpu/w1/flashinfer_python-*.whl .gpu/w1/transformers-*.whl .gpu/w1b/
 
 pin() { sed -n "s/^ *- $1==\(.*\)$/\1/p" envs/eyrie.yaml; }
 dl=$(mktemp -d); trap 'rm -rf "$dl"' EXIT

@@ -259,6 +259,14 @@ def test_config_from_llama_and_mla_targets():
     }
     c = DrafterConfig.from_target(llama, num_aux=3, draft_vocab_size=1024)
     assert (c.head_dim, c.num_key_value_heads, c.rope_theta) == (32, 2, 5e5)
+    # "heads": as many as the query heads, for any target (SmolLM2: 9 heads over 3)
+    smol = {**llama, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64}
+    full = DrafterConfig.from_target(smol, num_aux=3, draft_vocab_size=1024,
+                                     overrides={"num_key_value_heads": "heads"})  # fmt: skip
+    assert full.num_key_value_heads == 9
+    with pytest.raises(DrafterError, match="number, null"):
+        DrafterConfig.from_target(llama, num_aux=3, draft_vocab_size=1024,
+                                  overrides={"num_key_value_heads": "all"})  # fmt: skip
     mla = {
         "hidden_size": 1024,
         "intermediate_size": 2048,

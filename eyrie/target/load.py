@@ -136,8 +136,14 @@ TOYS = (TOY_DEEPSEEK, "toy-kimi-k25")
 
 
 def configured_dir(config: dict) -> Path:
-    """The target folder a workflow config names (a toy is built under results/targets/)."""
+    """The target folder a workflow config names (a toy, or the folder of a GGUF file or a
+    package, is built under results/targets/: rules/target.smk)."""
+    from eyrie.fetch.spec import slug
+    from eyrie.fetch.stage import is_fetched_target
+
     path = config["target"]["path"]
     if path in TOYS:
         return Layout.of(config).targets() / path
+    if is_fetched_target(path):
+        return Layout.of(config).targets() / slug(path)
     return Path(path)

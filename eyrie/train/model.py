@@ -127,6 +127,13 @@ class DrafterConfig:
                 "intermediate_size, num_attention_heads, num_key_value_heads, head_dim"
             )
         values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        if values["num_key_value_heads"] == "heads":  # one key/value head per query head
+            values["num_key_value_heads"] = values["num_attention_heads"]
+        elif isinstance(values["num_key_value_heads"], str):
+            raise DrafterError(
+                f"train.drafter.num_key_value_heads is {values['num_key_value_heads']!r}; use a "
+                "number, null (the target's) or heads (as many as the drafter's query heads)"
+            )
         return cls(**values)
 
     def to_dict(self) -> dict:

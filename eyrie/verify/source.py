@@ -17,6 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from eyrie.common.cache import cache_root
 from eyrie.common.errors import EyrieError
 
 # Source files are all the check reads; the wheel's compiled extensions are left packed.
@@ -44,12 +45,6 @@ class SglangSource:
 
     def describe(self) -> str:
         return f"sglang {self.version} ({self.origin}: {self.package})"
-
-
-def cache_root() -> Path:
-    """``$EYRIE_CACHE`` or ``~/.cache/eyrie``: where fetched releases are kept."""
-    env = os.environ.get("EYRIE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "eyrie"
 
 
 def read_version(package: Path) -> str:

@@ -108,7 +108,8 @@ def main() -> int:
     shapes += [tuple(int(x) for x in s.split("-")) for s in args.shapes]
     for k, topk, verify in shapes:
         r = compare(target, runner, prompts, k=k, max_new_tokens=args.max_new_tokens, eos=eos,
-                    repeats=args.repeats, topk=topk, verify_tokens=verify)  # fmt: skip
+                    repeats=args.repeats, topk=topk, verify_tokens=verify,
+                    tokenizer=tok)  # fmt: skip
         r.pop("rows")
         results.append(r)
         print(

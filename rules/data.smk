@@ -1,5 +1,7 @@
-# Data stage: each split's chat JSONL, normalized to OpenAI messages, with every bad line in a
-# problems table (dataset.on_bad_input: skip counts them; fail stops the run at the first).
+# Data stage: each split's chat file (JSON Lines, or one JSON array such as ShareGPT's, read as
+# a stream), normalized to OpenAI messages, with every bad record in a problems table
+# (dataset.on_bad_input: skip counts them; fail stops the run at the first). With regeneration
+# on, a conversation without an assistant turn (MT-bench questions) is a prompt, kept.
 # Each conversation is tokenized with the target's chat template, as extract will: a prompt
 # longer than dataset.max_tokens is a bad line here, not an extraction error after the whole
 # extraction. A split with no usable conversation stops the run here.
@@ -18,6 +20,7 @@ rule prepare_dataset:
         max_samples=lambda wildcards: config["dataset"]["max_samples"].get(wildcards.split),
         max_tokens=config["dataset"]["max_tokens"],
         target=lambda wildcards, input: os.path.dirname(input.target),
+        regenerate=config["regenerate"]["enabled"],
     log:
         f"{R}/logs/prepare_dataset/{{split}}.log",
     benchmark:

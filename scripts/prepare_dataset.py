@@ -23,4 +23,5 @@ with rule_log(sm, threads=False):
         target=sm.params.target,
         max_tokens=sm.params.max_tokens,
         kept_problems_csv=Path(sm.log[0]).with_suffix(".problems.csv"),
+        regenerate=sm.params.regenerate,
     )

@@ -235,19 +235,29 @@ def test_prepare_writes_normalized_messages_and_problems(tmp_path, capsys):
     assert all(set(r) == {"id", "messages", "source"} for r in rows)
     assert [r["source"].rsplit(":", 1)[1] for r in rows][:2] == ["1", str(len(expected) + 2)]
     table = pd.read_csv(csv)
-    assert list(table.columns) == ["path", "line", "kind", "reason", "sample_id"]
+    assert list(table.columns) == [
+        "path", "line", "record", "offset", "kind", "reason", "sample_id"
+    ]  # fmt: skip
     assert dict(zip(table["line"], table["kind"], strict=True)) == expected
-    assert counts["good"] == 4 and counts["written"] == 3
+    assert (table["record"] == table["line"]).all()  # JSON Lines: a record is a line
+    lines = path.read_bytes().split(b"\n")
+    starts = [sum(len(x) + 1 for x in lines[: n - 1]) for n in table["line"]]
+    assert list(table["offset"]) == starts  # the byte each line starts at
+    # reading stopped at the third good conversation: "b", after it, was not read
+    assert counts["good"] == 3 and counts["written"] == 3 and not counts["read_to_end"]
     assert counts["bad"] == len(expected) - 1 and counts["blank_lines"] == 1
     assert counts["by_kind"]["no_messages"] == 2
-    assert "4 good, 13 bad" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "3 good, 13 bad" in printed and "max_samples (3) reached" in printed
     assert sorted(p.name for p in out.parent.iterdir()) == ["train.jsonl", "train.problems.csv"]
 
 
 def test_prepare_writes_a_header_for_no_problems(tmp_path):
     src = write_lines(tmp_path / "m.jsonl", MESSAGES_LINES)
     counts = prepare(src, tmp_path / "o.jsonl", tmp_path / "p.csv")
-    assert (tmp_path / "p.csv").read_text().strip() == "path,line,kind,reason,sample_id"
+    assert (tmp_path / "p.csv").read_text().strip() == (
+        "path,line,record,offset,kind,reason,sample_id"
+    )
     assert counts["written"] == 2 and counts["bad"] == 0
 
 

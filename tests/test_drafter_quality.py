@@ -136,3 +136,19 @@ def test_self_attention_init_peaks_each_row_on_itself():
     assert self_peak_fraction(model, x, cfg) < 0.5  # random q, k
     model.init_attention_to_self()
     assert self_peak_fraction(model, x, cfg) > 0.9
+
+
+def test_probe_trains_on_a_few_rows_and_learns_a_plain_mapping():
+    # A small rehearsal gives the probe few steps (10 here: OneCycleLR's warm-up would last 0
+    # steps and divide by it); it must still train. The label is the current token itself,
+    # which an MLP over its embedding learns at once.
+    from eyrie.evaluate.baselines import probe
+
+    g = torch.Generator().manual_seed(0)
+    vocab, hidden, n = 16, 8, 64
+    embed = torch.randn(vocab, hidden, generator=g)
+    tokens = torch.randint(0, vocab, (n,), generator=g)
+    rows = Rows(aux=torch.zeros(n, 3 * hidden), final=torch.zeros(n, hidden), token=tokens,
+                label=tokens)  # fmt: skip
+    out = probe(rows, rows, embed, epochs=5, width=64, batch_size=32, lr=5e-2)
+    assert out["acc"] > 0.9, out

@@ -90,7 +90,9 @@ def test_a_prompt_longer_than_max_tokens_is_a_bad_line_of_prepare(tmp_path):
     counts = prepare(src, out, csv, split="train", target=TOY, max_tokens=MAX_TOKENS)
     assert (counts["good"], counts["written"], counts["by_kind"]) == (2, 2, {"prompt_too_long": 1})
     (row,) = [line for line in csv.read_text().splitlines()[1:]]
-    assert row.startswith(f"{src},2,prompt_too_long,") and "raise dataset.max_tokens" in row
+    second = len(src.read_bytes().split(b"\n")[0]) + 1  # the byte line 2 starts at
+    assert row.startswith(f"{src},2,2,{second},prompt_too_long,")
+    assert "raise dataset.max_tokens" in row
     # the same verdicts as extraction's own tokenizer: what prepare keeps, extraction can use
     tok = load_tokenizer(TOY)
     for line in out.read_text().splitlines():

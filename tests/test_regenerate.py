@@ -145,7 +145,8 @@ def test_a_killed_run_resumes_to_what_an_uninterrupted_run_writes(tmp_path):
 
 def test_bad_answers_are_counted_by_kind_and_counts_add_up(tmp_path):
     tok = load_tokenizer(TOY)
-    records = shipped(4) + [{"id": "q", "messages": [{"role": "user", "content": "hi"}]}]
+    # "q": nothing to answer (a user turn alone would be a prompt, answered)
+    records = shipped(4) + [{"id": "q", "messages": [{"role": "system", "content": "hi"}]}]
     records.append(
         {
             "id": "long",

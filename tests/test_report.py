@@ -318,7 +318,8 @@ def test_a_run_ends_with_each_splits_skipped_lines_on_the_console(tmp_path):
     from slurm.workflow import Workflow
 
     good = (ROOT / "data" / "chat" / "train.jsonl").read_text().splitlines()[:5]
-    lines = good[:2] + ["{not json", "", '{"messages": [{"role": "user", "content": "hi"}]}']
+    # the last: nothing to learn from, and nothing to answer (a user turn would be a prompt)
+    lines = good[:2] + ["{not json", "", '{"messages": [{"role": "system", "content": "hi"}]}']
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "train.jsonl").write_text("\n".join(lines + good[2:]) + "\n")
     (tmp_path / "in" / "heldout.jsonl").write_text("\n".join(good) + "\n")

@@ -1,6 +1,7 @@
-"""`eyrie dataset PATH | make-dataset`: read a chat JSONL file, or build the shipped one.
+"""`eyrie dataset PATH | make-dataset`: read a chat file, or build the shipped one.
 
-- dataset: report every line of a chat JSONL file that is not a sample;
+- dataset: report every record of a chat file (JSON Lines, or one JSON array) that is not a
+  sample;
 - make-dataset: build data/chat (train, heldout, datasheet) from the standard library's docs.
 
 One module serves both subcommands; which one is read from the parser's program name
@@ -28,9 +29,19 @@ def add_arguments(parser) -> None:
         return
     from eyrie.data.dataset import FORMATS, POLICIES
 
-    parser.add_argument("path", help="chat JSONL (OpenAI messages or ShareGPT conversations)")
     parser.add_argument(
-        "--format", default="auto", choices=FORMATS, help="line form; auto decides per line"
+        "path",
+        help="chat JSONL or one JSON array (OpenAI messages, ShareGPT conversations, MT-bench "
+        "turns)",
+    )
+    parser.add_argument(
+        "--format", default="auto", choices=FORMATS, help="record form; auto decides per record"
+    )
+    parser.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="as with regenerate.enabled: true: a conversation without an assistant turn is a "
+        "prompt the target will answer, not a bad line",
     )
     parser.add_argument(
         "--on-bad-input",
@@ -60,7 +71,9 @@ def check_dataset(args) -> int:
     from eyrie.data.dataset import DatasetError, fitting, nothing_usable, read_chat, summary
 
     try:
-        convs, problems = read_chat(args.path, fmt=args.format, on_bad="skip", key=None)
+        convs, problems = read_chat(
+            args.path, fmt=args.format, on_bad="skip", key=None, prompts_ok=args.regenerate
+        )
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -71,8 +84,10 @@ def check_dataset(args) -> int:
             print(f"error: --max-tokens must be at least 1, not {args.max_tokens}", file=sys.stderr)
             return 2
         tokenizer = load_tokenizer(args.target)  # a TargetError names the folder and the fix
-        convs, unfit = fitting(convs, args.path, tokenizer, args.max_tokens)
-        problems = sorted(problems + unfit, key=lambda p: p.line)
+        convs, unfit = fitting(
+            convs, args.path, tokenizer, args.max_tokens, answers_later=args.regenerate
+        )
+        problems = sorted(problems + unfit, key=lambda p: p.record)
     for problem in problems:
         print(problem.describe())
     print(summary(args.path, convs, problems), flush=True)

@@ -107,6 +107,28 @@ def tokenize_chat(tokenizer, messages: list[dict], max_tokens: int) -> Tokenized
     return Tokenized(ids, mask, full_length)
 
 
+def answer_slots(messages: list[dict]) -> list[dict]:
+    """The conversation with every answer the target gives when it regenerates it: each
+    assistant turn (replaced by the target's answer), and a new assistant turn (content None)
+    after each user turn that no assistant turn answers, because another user turn or the end
+    comes first (system turns between do not count). So every user turn is answered: MT-bench's
+    two questions, [user, user], become [user, None, user, None]."""
+    out: list[dict] = []
+    answered = False  # an assistant turn comes before the next user turn
+    for msg in reversed(messages):
+        if msg["role"] == "assistant":
+            answered = True
+        elif msg["role"] == "user":
+            if not answered:
+                out.append({"role": "assistant", "content": None})
+            answered = False
+        out.append(msg)
+    return out[::-1]
+
+
+STAND_IN = "(the target's answer)"  # an answer not generated yet, for the checks before
+
+
 # What prepare_dataset calls each reason in its problems table (extract's errors table keeps the
 # short reasons), and the fix it adds.
 PROBLEM_KINDS = {"too_long": "prompt_too_long"}
@@ -117,9 +139,18 @@ FIXES = {
 DEFAULT_FIX = "fix the conversation, or use a target whose chat template accepts it"
 
 
-def unusable(tokenizer, messages: list[dict], max_tokens: int) -> tuple[str, str] | None:
+def unusable(
+    tokenizer, messages: list[dict], max_tokens: int, answers_later: bool = False
+) -> tuple[str, str] | None:
     """(kind, reason with its fix) when extraction could not use the conversation, else None:
-    the same tokenization, so prepare_dataset refuses exactly what extraction would."""
+    the same tokenization, so prepare_dataset refuses exactly what extraction would.
+    `answers_later` (regeneration follows): checked as regeneration will leave it, with
+    STAND_IN wherever the target answers (`answer_slots`)."""
+    if answers_later:
+        messages = [
+            m if m["content"] is not None else {"role": "assistant", "content": STAND_IN}
+            for m in answer_slots(messages)
+        ]
     try:
         tokenize_chat(tokenizer, messages, max_tokens)
     except SampleError as exc:

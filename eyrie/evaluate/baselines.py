@@ -137,7 +137,10 @@ def probe(
     model = Probe(x_train.shape[1] // hidden, hidden, width, embed.shape[0])
     steps = epochs * -(-len(train) // batch_size)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=steps, pct_start=0.1)
+    # OneCycleLR's warm-up must span 2 steps or more (it divides by its length): a probe of
+    # fewer than 20 steps (a small rehearsal's few hundred rows) keeps a constant rate
+    one_cycle = torch.optim.lr_scheduler.OneCycleLR
+    sched = one_cycle(opt, lr, total_steps=steps, pct_start=0.1) if steps >= 20 else None
     meter = bar(total=steps, desc="probe", unit="step", disable=not progress)
     for _ in range(epochs):
         for idx in torch.randperm(len(train), generator=g).split(batch_size):
@@ -145,7 +148,8 @@ def probe(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            sched.step()
+            if sched is not None:
+                sched.step()
             meter.update(1)
     meter.close()
     x_held = probe_inputs(heldout, embed, with_final)

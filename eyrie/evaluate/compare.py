@@ -12,6 +12,13 @@ record states their median and their spread (min, max).
 Tokens/s are new tokens over wall-clock seconds, prefill included (both pay it; speculation
 also pays the drafter's pass over the prompt). Accept length counts the bonus token: tokens
 emitted per target verify pass, as SGLang's spec_accept_length does.
+
+A conversation of several turns (MT-bench's two questions) is decoded as MT-bench's own answer
+generation does it (`decode_turns`): turn 1, then the conversation with that answer and the next
+question rendered again with the chat template and decoded from a new prefill, and so on. Plain
+and speculative decoding each answer every turn themselves; their answers are the same when
+decoding is exact, so each later turn's prompt is too. Every turn counts: its new tokens, its
+seconds (the rendering between turns is not timed), its verify passes.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import statistics
 from collections.abc import Callable
 
 from eyrie.common.progress import bar
+from eyrie.data.chat_tokens import render
 from eyrie.evaluate.speculate import (
     DraftRunner,
     Generation,
@@ -70,6 +78,41 @@ def interleaved(
     return runs
 
 
+def answer_text(tokenizer, tokens: list[int]) -> str:
+    """A decoded answer as the next turn's prompt holds it (as regeneration writes answers)."""
+    return tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+
+def decode_turns(
+    decode: Callable[[list[int]], Generation], prompt: dict, tokenizer=None
+) -> Generation:
+    """Every turn of ``prompt`` (eyrie.evaluate.speculate.load_prompts) decoded by
+    ``decode(input_ids)``: the first turn, then for each follow-up the conversation so far (the
+    earlier answers ``decode``'s own) and the follow-up's turns, rendered with the chat
+    template's generation prompt and decoded from a new prefill. One Generation: the turns'
+    tokens, seconds and accepted drafts in order, ``turns`` its new tokens per turn."""
+    gen = decode(prompt["input_ids"])
+    follow_ups = prompt.get("follow_ups") or []
+    if not follow_ups:
+        return gen
+    if tokenizer is None:
+        raise SpeculateError(f"prompt {prompt['id']} has {1 + len(follow_ups)} turns: decoding "
+                             "the later ones needs the target's tokenizer")  # fmt: skip
+    messages = list(prompt["messages"])
+    tokens, seconds, accepted, turns = [], 0.0, [], []
+    for extra in [None, *follow_ups]:
+        if extra is not None:
+            messages += [{"role": "assistant", "content": answer_text(tokenizer, gen.tokens)}]
+            messages += extra
+            text = render(tokenizer, messages, add_generation_prompt=True)
+            gen = decode(tokenizer(text, add_special_tokens=False)["input_ids"])
+        tokens += gen.tokens
+        seconds += gen.seconds
+        accepted += gen.accepted
+        turns.append(len(gen.tokens))
+    return Generation(tokens, seconds, accepted, turns)
+
+
 def compare(
     target: Target,
     drafter: DraftRunner,
@@ -83,31 +126,35 @@ def compare(
     topk: int = 1,
     verify_tokens: int | None = None,
     progress: bool = False,
+    tokenizer=None,
 ) -> dict:
     """Plain greedy vs speculative decoding of the same prompts, batch 1, interleaved prompt by
     prompt and repeated (see the module's docstring); the record of ``summarize``. ``k`` drafts
     per step in a chain (``topk`` 1), or a tree of k steps, ``topk`` branches and
-    ``verify_tokens`` tokens verified (eyrie/evaluate/tree.py)."""
+    ``verify_tokens`` tokens verified (eyrie/evaluate/tree.py). A prompt of several turns is
+    decoded turn by turn (``decode_turns``, which needs ``tokenizer``), each turn up to
+    ``max_new_tokens``."""
     if repeats < 1:
         raise SpeculateError(f"evaluate.repeats must be at least 1, got {repeats}")
     verify = tree_shape(k, topk, verify_tokens)
 
-    def spec(p, new_tokens):
+    def spec(ids, new_tokens):
         if topk == 1:
-            return speculative_generate(target, drafter, p["input_ids"], k, new_tokens, eos)
-        ids = p["input_ids"]
+            return speculative_generate(target, drafter, ids, k, new_tokens, eos)
         return tree_generate(target, drafter, ids, k, topk, verify, new_tokens, eos)
 
     for p in prompts[:warmup]:  # first calls allocate and pick kernels; not timed
         greedy_generate(target, p["input_ids"], min(8, max_new_tokens), eos)
-        spec(p, min(8, max_new_tokens))
-    runs = interleaved(
-        prompts,
-        lambda p: greedy_generate(target, p["input_ids"], max_new_tokens, eos),
-        lambda p: spec(p, max_new_tokens),
-        repeats,
-        progress,
-    )
+        spec(p["input_ids"], min(8, max_new_tokens))
+
+    def plain_turns(p):
+        return decode_turns(lambda ids: greedy_generate(target, ids, max_new_tokens, eos), p,
+                            tokenizer)  # fmt: skip
+
+    def spec_turns(p):
+        return decode_turns(lambda ids: spec(ids, max_new_tokens), p, tokenizer)
+
+    runs = interleaved(prompts, plain_turns, spec_turns, repeats, progress)
     return {**summarize(rows_of(prompts, runs), k), "topk": topk, "verify_tokens": verify}
 
 
@@ -124,7 +171,9 @@ def rows_of(prompts: list[dict], runs: list[list[tuple[Generation, Generation]]]
         rows.append(
             {
                 "id": p["id"],
-                "prompt_tokens": len(p["input_ids"]),
+                "prompt_tokens": len(p["input_ids"]),  # the first turn's
+                "turns": len(plain0.turn_tokens),
+                "turn_tokens": plain0.turn_tokens,
                 "new_tokens": len(plain0.tokens),
                 "plain_s": statistics.median(plain_s),
                 "spec_s": statistics.median(spec_s),
@@ -167,9 +216,10 @@ def summarize(rows: list[dict], k: int) -> dict:
     plain_s, spec_s = _median(plain_runs), _median(spec_runs)
     accepted = [a for r in rows for a in r["accepted"]]
     steps = len(accepted)
-    # tokens emitted by verify passes (the first new token comes from the prefill); the last
-    # pass of a prompt may emit fewer than a + 1 when max_new_tokens or an eos cuts it
-    emitted_by_spec = sum(r["new_tokens"] - 1 for r in rows)
+    # tokens emitted by verify passes (each turn's first new token comes from its prefill); the
+    # last pass of a turn may emit fewer than a + 1 when max_new_tokens or an eos cuts it
+    turns = sum(r.get("turns", 1) for r in rows)
+    emitted_by_spec = sum(r["new_tokens"] for r in rows) - turns
     hist = [accepted.count(a) for a in range(k + 1)]
     plain_tps = tokens / plain_s if plain_s > 0 else float("nan")
     spec_tps = tokens / spec_s if spec_s > 0 else float("nan")
@@ -177,6 +227,7 @@ def summarize(rows: list[dict], k: int) -> dict:
     return {
         "draft_tokens": k,
         "prompts": len(rows),
+        "turns": turns,  # decodes: a prompt of two turns (MT-bench) counts two
         "new_tokens": tokens,
         "plain_seconds": plain_s,
         "spec_seconds": spec_s,

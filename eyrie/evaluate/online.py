@@ -3,7 +3,9 @@
 Two servers in turn on 127.0.0.1 and a free port (retried on a port clash), the same prompts
 (token ids, batch 1, greedy) to each: the plain one gives baseline tokens/s and outputs; the
 EAGLE-3 one gives tokens/s and SGLang's own accept length (``meta_info.spec_accept_length``:
-tokens emitted per verify pass, bonus token included). The launcher waits for /health with a
+tokens emitted per verify pass, bonus token included). Each prompt is its first turn only: a
+held-out conversation's later turns (MT-bench's second question) are decoded by the
+transformers loop, not here. The launcher waits for /health with a
 timeout, stops early with the log's tail when the server dies, and always stops the server's
 whole process group.
 

@@ -275,13 +275,19 @@ class DraftRunner:
 
 @dataclass
 class Generation:
-    tokens: list[int]  # the new tokens
+    tokens: list[int]  # the new tokens (of every turn, in order)
     seconds: float
     accepted: list[int] = field(default_factory=list)  # drafts accepted per verify step
+    turns: list[int] = field(default_factory=list)  # new tokens per turn; empty: one turn
 
     @property
     def verify_steps(self) -> int:
         return len(self.accepted)
+
+    @property
+    def turn_tokens(self) -> list[int]:
+        """New tokens per turn decoded (each turn's first comes from its prefill)."""
+        return self.turns or [len(self.tokens)]
 
 
 def _sync(device: torch.device) -> None:
@@ -386,9 +392,15 @@ def load_pair(target_dir, drafter_dir, device, dtype: str = "float32", architect
 
 
 def load_prompts(jsonl, tokenizer, n: int, max_prompt_tokens: int = 512) -> list[dict]:
-    """The first ``n`` conversations' prompts: the turns before the first assistant message,
-    rendered with the chat template's generation prompt, as token ids."""
-    from eyrie.data.chat_tokens import render
+    """The first ``n`` conversations' prompts, turn by turn. Each of a conversation's answers
+    (its assistant turns, and one after each user turn that none answers: MT-bench's second
+    question, prompts-only data; eyrie.data.chat_tokens.answer_slots) is a turn the loop
+    decodes. ``input_ids``: the first turn's prompt (the turns before the first answer,
+    rendered with the chat template's generation prompt) as token ids, at most
+    ``max_prompt_tokens``; ``messages``: those turns; ``follow_ups``: the turns asked before
+    each later answer, which eyrie.evaluate.compare.decode_turns renders after the loop's own
+    answers."""
+    from eyrie.data.chat_tokens import answer_slots, render
 
     prompts = []
     with open(jsonl, encoding="utf-8") as f:
@@ -398,14 +410,25 @@ def load_prompts(jsonl, tokenizer, n: int, max_prompt_tokens: int = 512) -> list
             if not line.strip():
                 continue
             rec = json.loads(line)
-            msgs = rec.get("messages") or []
-            first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), None)
-            if not first:
-                continue
-            text = render(tokenizer, msgs[:first], add_generation_prompt=True)
+            turns: list[list[dict]] = [[]]  # the messages before each answer
+            for m in answer_slots(rec.get("messages") or []):
+                if m.get("role") == "assistant":
+                    turns.append([])
+                else:
+                    turns[-1].append(m)
+            if len(turns) < 2 or not turns[0]:
+                continue  # no answer, or one before any question
+            text = render(tokenizer, turns[0], add_generation_prompt=True)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if 0 < len(ids) <= max_prompt_tokens:
-                prompts.append({"id": str(rec.get("id", len(prompts))), "input_ids": ids})
+                prompts.append(
+                    {
+                        "id": str(rec.get("id", len(prompts))),
+                        "input_ids": ids,
+                        "messages": turns[0],
+                        "follow_ups": turns[1:-1],
+                    }
+                )
     if not prompts:
         raise SpeculateError(
             f"{jsonl} gave no prompt (a conversation with a user turn before an assistant turn, "

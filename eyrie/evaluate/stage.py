@@ -4,7 +4,8 @@ Each ``run_*`` takes plain paths and settings, runs one measurement and writes i
 
 - run_evaluate: offline acceptance on the held-out stores (eyrie/evaluate/acceptance.py);
 - run_speculate: plain vs speculative greedy decoding in-process, interleaved prompt by prompt
-  and repeated (eyrie/evaluate/compare.py, decoding in eyrie/evaluate/speculate.py);
+  and repeated, every turn of a multi-turn prompt (eyrie/evaluate/compare.py, decoding in
+  eyrie/evaluate/speculate.py);
 - run_online: SGLang's own measurement with and without the drafter (eyrie/evaluate/online.py);
 - run_report: figures and summary.md from the records (eyrie/evaluate/report.py).
 
@@ -110,6 +111,7 @@ def run_speculate(
             topk=topk,
             verify_tokens=verify_tokens,
             progress=progress,
+            tokenizer=tokenizer,
         )
     finally:
         target.close()

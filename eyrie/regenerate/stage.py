@@ -176,7 +176,7 @@ FIXES = {
     "prompt where an answer starts, and that it is an instruction-tuned model",
     "request_failed": "every request to the SGLang server failed: its log (beside the output) "
     "says why",
-    "no_assistant_turn": "no conversation has an assistant turn to regenerate",
+    "no_assistant_turn": "no conversation has a user or assistant turn for the target to answer",
 }
 
 

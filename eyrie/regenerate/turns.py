@@ -1,11 +1,15 @@
-"""Turn by turn: every assistant turn of a conversation replaced by the target's answer.
+"""Turn by turn: every user turn of a conversation answered by the target.
 
-Conversations are regenerated together, one assistant turn at a time: round r asks the target
-for the r-th assistant turn of every conversation still going, each prompt rendered with the
-target's chat template from the conversation so far (its earlier answers already the target's
-own). A conversation ends early when an answer is empty or a prompt would not leave room for
-`max_new_tokens`; what was regenerated before that point is kept. Each outcome is counted by
-kind, so generated + skipped + failed always equals the input.
+The target gives an answer wherever the conversation has an assistant turn (which its answer
+replaces), and after each user turn that no assistant turn answers (`answer_slots`): a trailing
+question, or a conversation of questions alone (MT-bench's two turns, prompts-only data), whose
+second question is asked after the target's own first answer. Conversations are regenerated
+together, one answer at a time: round r asks the target for the r-th answer of every
+conversation still going, each prompt rendered with the target's chat template from the
+conversation so far (its earlier answers already the target's own). A conversation ends early
+when an answer is empty or a prompt would not leave room for `max_new_tokens`; what was
+regenerated before that point is kept. Each outcome is counted by kind, so generated + skipped +
+failed always equals the input.
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from eyrie.data.chat_tokens import render
+from eyrie.data.chat_tokens import answer_slots, render
 
 # Outcome of one conversation.
-GENERATED = "generated"  # every assistant turn is the target's (some may be cut at the limit)
-SKIPPED = "skipped"  # no assistant turn could be regenerated (the kind says why)
+GENERATED = "generated"  # every answer is the target's (some may be cut at the limit)
+SKIPPED = "skipped"  # no answer could be regenerated (the kind says why)
 FAILED = "failed"  # lost to a failed request (sglang, after retries); hf stops the job instead
 
 
@@ -49,17 +53,17 @@ def regenerate_conversations(
     max_prompt_tokens: int,
     on_turns=None,
 ) -> list[Outcome]:
-    """Outcomes of `records` (prepared dataset lines) with their assistant turns regenerated.
+    """Outcomes of `records` (prepared dataset lines) with their answers regenerated.
 
-    `on_turns(n)`, when given, hears of every assistant turn settled (answered, or dropped with
-    its conversation), round by round: over a split they add up to `assistant_turns` of it.
+    `on_turns(n)`, when given, hears of every answer settled (given, or dropped with its
+    conversation), round by round: over a split they add up to `assistant_turns` of it.
     An exception of the generator is not caught: nothing of the chunk is written, and a rerun
     regenerates it (the stage's resume).
     """
     settled = on_turns or (lambda n: None)
     outcomes = [Outcome(first_index + k, SKIPPED, None) for k in range(len(records))]
     kept: list[list[dict]] = [[] for _ in records]  # messages so far, answers the target's
-    rest = [list(rec["messages"]) for rec in records]  # source messages not yet handled
+    rest = [answer_slots(rec["messages"]) for rec in records]  # turns not yet handled
     live = [k for k, rec in enumerate(records) if _answers(rec["messages"])]
     for k, rec in enumerate(records):
         if not _answers(rec["messages"]):
@@ -94,7 +98,7 @@ def regenerate_conversations(
             outcomes[k].kinds["answers"] += 1
             if not answer.stopped:
                 outcomes[k].kinds["cut_at_limit"] += 1
-            rest[k].pop(0)  # the source's answer, replaced by the target's
+            rest[k].pop(0)  # the answer's slot (the source's answer, if any), now the target's
             kept[k].append({"role": "assistant", "content": text})
             live.append(k)
         settled(done)
@@ -111,7 +115,8 @@ def regenerate_conversations(
 
 
 def _answers(messages: list[dict]) -> int:
-    return sum(m["role"] == "assistant" for m in messages)
+    """The answers the target gives in `messages` (answer slots included)."""
+    return sum(m["role"] == "assistant" for m in answer_slots(messages))
 
 
 def assistant_turns(records: list[dict]) -> int:
@@ -121,7 +126,7 @@ def assistant_turns(records: list[dict]) -> int:
 
 def _stop(outcome: Outcome, rest: list[dict], kind: str) -> int:
     """End a conversation here: this turn and the answers after it are dropped (returned)."""
-    dropped = _answers(rest)
+    dropped = sum(m["role"] == "assistant" for m in rest)  # rest holds the slots already
     outcome.kinds[kind] += 1
     outcome.kinds["answers_dropped"] += dropped
     rest.clear()

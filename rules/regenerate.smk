@@ -17,6 +17,7 @@ rule regenerate:
         target=lambda wildcards, input: os.path.dirname(input.target),
         architecture=config["target"]["architecture"],
         settings={k: v for k, v in config["regenerate"].items() if k != "enabled"},
+        sample_tokens=config["dataset"]["max_tokens"],  # no answers past the samples' cut
     threads: 2
     resources:
         mem_mb=8000,

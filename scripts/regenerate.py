@@ -12,6 +12,7 @@ with rule_log(sm):
         out=sm.output.jsonl,  # the summary beside it is sm.output.summary
         split=sm.wildcards.split,
         architecture=sm.params.architecture,
+        sample_tokens=sm.params.sample_tokens,
     )
     # progress: a line in the job's log every few seconds (turns, tokens/s, ETA)
     summary = regenerate_split(job, dict(sm.params.settings), progress=True)

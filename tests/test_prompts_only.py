@@ -209,7 +209,8 @@ def test_a_run_on_mtbench_questions_regenerates_extracts_and_validates_them(tmp_
     regen = {"enabled": True, "max_new_tokens": 12, "batch_size": 4, "chunk": 4, "device": "cpu"}
     wf = Workflow.scratch(
         tmp_path / "wd", CONFIGS / "small.yaml",
-        {"dataset": {"heldout": "data/question.jsonl"}, "regenerate": regen},
+        # 256 tokens: room for both turns (no answer is asked past dataset.max_tokens)
+        {"dataset": {"heldout": "data/question.jsonl", "max_tokens": 256}, "regenerate": regen},
     )  # fmt: skip
     questions = [dict(q, question_id=q["question_id"] + k) for k in (0, 1) for q in QUESTIONS]
     write(wf.path("data/question.jsonl"), questions)

@@ -176,6 +176,33 @@ def test_bad_answers_are_counted_by_kind_and_counts_add_up(tmp_path):
     assert summary["input_sha256"] and summary["versions"]["python"]
 
 
+def test_no_answer_is_asked_past_the_samples_cut(tmp_path):
+    """Extraction cuts every sample at dataset.max_tokens: once a conversation's prompt is that
+    long, its later answers would be cut away, so none is asked for; they are counted apart
+    from problems, and the conversation keeps the answers given before."""
+    tok = load_tokenizer(TOY)
+    turn = [{"role": "user", "content": "word " * 60}, {"role": "assistant", "content": "ok"}]
+    records = [{"id": "long", "messages": turn * 4}, *shipped(1)]
+    gen = Echo()
+
+    def factory(*a):
+        return gen, tok, 4096
+
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    job = SplitJob(data=data, target=TOY, out=tmp_path / "o" / "train.jsonl", split="train",
+                   sample_tokens=100)  # fmt: skip
+    c = regenerate_split(job, SETTINGS, progress=False, generator_factory=factory)["counts"]
+    # the long one: its first prompt (68 tokens) answered, the second (over 130) not
+    assert c["kinds"]["past_max_tokens"] == 1 and c["kinds"]["answers_past"] == 3, c
+    assert "answers_dropped" not in c["kinds"] and c["generated"] == 2
+    long = json.loads((tmp_path / "o" / "train.jsonl").read_text().splitlines()[0])
+    assert [m["role"] for m in long["messages"]] == ["user", "assistant"]
+    # without the cut, every turn is answered
+    whole = stage(tmp_path, "all", records, lambda *a: (Echo(), tok, 4096))
+    assert whole["counts"]["kinds"]["answers"] == 4 + 1
+
+
 class Streaming(Echo):
     """Echo that reports its answers' tokens one at a time, as a decoding backend does."""
 

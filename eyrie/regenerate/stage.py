@@ -90,6 +90,7 @@ class SplitJob:
     out: Path  # the regenerated JSONL; its summary goes beside it (SPLIT.summary.json)
     split: str = ""
     architecture: str | None = None
+    sample_tokens: int | None = None  # dataset.max_tokens: no answers asked past it
 
     @property
     def summary(self) -> Path:
@@ -132,7 +133,7 @@ def regenerate_split(job: SplitJob, settings: dict, *, progress=True, generator_
             try:
                 done = _run_chunks(
                     fh, records, done, (generator, tokenizer, max_positions), settings, split,
-                    progress,
+                    progress, job.sample_tokens,
                 )  # fmt: skip
             finally:
                 close = getattr(generator, "close", None)
@@ -220,7 +221,9 @@ class TurnMeter:
         self.bar.close()
 
 
-def _run_chunks(fh, records, done, backend, settings: dict, split: str, progress) -> list:
+def _run_chunks(
+    fh, records, done, backend, settings: dict, split: str, progress, sample_tokens=None
+) -> list:
     """Regenerate the chunks after `done`, appending each to the work file; all outcomes."""
     generator, tokenizer, max_positions = backend
     max_prompt = max_positions - int(settings["max_new_tokens"])
@@ -238,7 +241,7 @@ def _run_chunks(fh, records, done, backend, settings: dict, split: str, progress
             _seed(int(settings["seed"]), number)
             outcomes = regenerate_conversations(
                 records[first : first + size], first, generator, tokenizer, max_prompt,
-                on_turns=meter.add_turns,
+                on_turns=meter.add_turns, sample_tokens=sample_tokens,
             )  # fmt: skip
             append_chunk(fh, outcomes, number)
             done = done + outcomes

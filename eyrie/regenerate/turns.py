@@ -52,8 +52,13 @@ def regenerate_conversations(
     tokenizer,
     max_prompt_tokens: int,
     on_turns=None,
+    sample_tokens: int | None = None,
 ) -> list[Outcome]:
     """Outcomes of `records` (prepared dataset lines) with their answers regenerated.
+
+    A conversation whose prompt reaches `sample_tokens` (dataset.max_tokens, where extraction
+    cuts every sample) gets no more answers: they would all be cut away. Its later turns are
+    counted as `past_max_tokens`, not as a problem.
 
     `on_turns(n)`, when given, hears of every answer settled (given, or dropped with its
     conversation), round by round: over a split they add up to `assistant_turns` of it.
@@ -77,6 +82,10 @@ def regenerate_conversations(
                 continue  # every answer done
             prompt = render(tokenizer, kept[k], add_generation_prompt=True)
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            answered = any(m["role"] == "assistant" for m in kept[k])
+            if sample_tokens is not None and len(ids) >= sample_tokens and answered:
+                settled(_stop(outcomes[k], rest[k], "past_max_tokens", "answers_past"))
+                continue
             if len(ids) > max_prompt_tokens:
                 settled(_stop(outcomes[k], rest[k], "prompt_too_long"))
                 continue
@@ -124,11 +133,11 @@ def assistant_turns(records: list[dict]) -> int:
     return sum(_answers(rec["messages"]) for rec in records)
 
 
-def _stop(outcome: Outcome, rest: list[dict], kind: str) -> int:
+def _stop(outcome: Outcome, rest: list[dict], kind: str, counted="answers_dropped") -> int:
     """End a conversation here: this turn and the answers after it are dropped (returned)."""
     dropped = sum(m["role"] == "assistant" for m in rest)  # rest holds the slots already
     outcome.kinds[kind] += 1
-    outcome.kinds["answers_dropped"] += dropped
+    outcome.kinds[counted] += dropped
     rest.clear()
     return dropped
 

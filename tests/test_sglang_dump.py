@@ -496,3 +496,29 @@ def test_a_waiting_request_is_woken_when_its_file_is_listed(tmp_path, monkeypatc
     t0 = time.monotonic()
     arrivals.wait(["b.safetensors"], timeout=5)
     assert time.monotonic() - t0 < 1.0 and len(calls) >= 2
+
+
+def test_an_exiting_process_writes_the_passes_it_handed_over(tmp_path):
+    """The writer's threads are daemons: without the exit's wait, a process that ends right
+    after a pass (an orderly server exit) would lose that pass's files, or abort while a
+    writer is inside torch."""
+    import subprocess
+    import sys
+
+    script = f"""
+import time, torch
+from pathlib import Path
+from eyrie.sglang.patch.handoff import HostCopy, PassWriter, Timings
+
+def write(item):
+    time.sleep(0.5)  # a slow disk: still writing when the main thread ends
+    Path({str(tmp_path / "pass.txt")!r}).write_text(str(int(item.aux.sum())))
+
+item = HostCopy().to_host(torch.ones(3, 1, 2), torch.ones(3, 2), None, None)
+item.write = write
+PassWriter(Timings()).put(item)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "pass.txt").read_text() == "6"

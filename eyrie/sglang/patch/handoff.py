@@ -21,6 +21,7 @@ for room, so host memory stays bounded and the server slows down rather than dum
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -97,6 +98,9 @@ def _pinned_copy(t, stream):
     return host
 
 
+EXIT_FLUSH_S = 30.0  # the longest an exiting process waits for its queued passes
+
+
 @dataclass
 class Timings:
     """Where the dump path's time goes, in seconds (reported in the status file)."""
@@ -156,6 +160,10 @@ class PassWriter:
             ]
             for worker in self._workers:
                 worker.start()
+            # An orderly exit of the process waits for what was handed over: the files are
+            # written whole, and no writer thread is inside torch while the interpreter
+            # finalizes (a C++ abort, "terminate called without an active exception").
+            atexit.register(self.flush, EXIT_FLUSH_S)
         with self._idle:
             self._pending += 1
         t0 = time.perf_counter()

@@ -218,26 +218,36 @@ def profile_delta(before: dict, after: dict) -> dict:
             for k in after}  # fmt: skip
 
 
+def profiled_pass(send, samples: list, c: int, tag: str, probe=None) -> dict:
+    """timed_pass, with the change of `probe()`'s running profile totals over it."""
+    before = probe() if probe else None
+    out = timed_pass(send, samples, c, tag)
+    if probe:
+        out["profile"] = profile_delta(before, probe())
+    return out
+
+
+def concurrency_run(name: str, c: int, passes: list[dict]) -> dict:
+    """A concurrency's record (median rate, its passes), its rates and profiles printed."""
+    rates = [q["tokens_per_s"] for q in passes]
+    print(f"{name} c={c}: " + ", ".join(f"{r:,.0f}" for r in rates) + " tok/s", flush=True)
+    for q in passes:
+        if "profile" in q:
+            print(f"  profile ({q['seconds']:.2f} s pass): {json.dumps(q['profile'])}")
+    return {"median_tokens_per_s": statistics.median(rates), "passes": passes}
+
+
 def measure(send, samples: list, args, name: str, probe=None, spy=None) -> dict:
     """Warm-up (untimed), then --passes timed passes at each --concurrency; `probe()` gives
     running profile totals (each pass gets their change), `spy(c)` a py-spy context."""
     timed_pass(send, samples[: args.warmup], max(args.concurrency), f"warm-{name}-")
     runs = {}
     for c in args.concurrency:
-        passes = []
         with spy(c) if spy else nullcontext() as stacks:
-            for p in range(args.passes):
-                before = probe() if probe else None
-                passes.append(timed_pass(send, samples, c, f"c{c}p{p}-{name}-"))
-                if probe:
-                    passes[-1]["profile"] = profile_delta(before, probe())
-        rates = [p["tokens_per_s"] for p in passes]
-        runs[str(c)] = {"median_tokens_per_s": statistics.median(rates), "passes": passes}
+            passes = [profiled_pass(send, samples, c, f"c{c}p{p}-{name}-", probe)
+                      for p in range(args.passes)]  # fmt: skip
+        runs[str(c)] = concurrency_run(name, c, passes)
         runs[str(c)]["py_spy"] = tally_stacks(stacks)
-        print(f"{name} c={c}: " + ", ".join(f"{r:,.0f}" for r in rates) + " tok/s", flush=True)
-        for q in passes:
-            if "profile" in q:
-                print(f"  profile ({q['seconds']:.2f} s pass): {json.dumps(q['profile'])}")
         if runs[str(c)]["py_spy"]:
             print(f"  py-spy: {json.dumps(runs[str(c)]['py_spy'])}", flush=True)
     return runs
@@ -326,24 +336,19 @@ def run_paired(args, settings, target, bundle, manifest, samples, log_dir) -> di
         for name, s in sends.items():
             timed_pass(s, samples[: args.warmup], max(args.concurrency), f"warm-{name}-")
         runs = {"unpatched": {}, "patched": {}}
+        probes = {"unpatched": None, "patched": probe}
         for c in args.concurrency:
             passes = {"unpatched": [], "patched": []}
             for p in range(args.passes):
                 for name in ("unpatched", "patched")[:: 1 if p % 2 == 0 else -1]:
-                    before = probe() if name == "patched" else None
-                    passes[name].append(timed_pass(sends[name], samples, c, f"c{c}p{p}-{name}-"))
-                    if before is not None:
-                        passes[name][-1]["profile"] = profile_delta(before, probe())
-            plain, ours = passes["unpatched"], passes["patched"]
-            pairs = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(plain, ours)]  # noqa: B905
+                    tag = f"c{c}p{p}-{name}-"
+                    passes[name].append(profiled_pass(sends[name], samples, c, tag, probes[name]))
             for name in runs:
-                rates = [q["tokens_per_s"] for q in passes[name]]
-                runs[name][str(c)] = {"median_tokens_per_s": statistics.median(rates),
-                                      "passes": passes[name]}  # fmt: skip
-                print(f"{name} c={c}: " + ", ".join(f"{r:,.0f}" for r in rates) + " tok/s")
+                runs[name][str(c)] = concurrency_run(name, c, passes[name])
+            plain, ours = passes["unpatched"], passes["patched"]
+            pairs = [b["tokens_per_s"] / a["tokens_per_s"]
+                     for a, b in zip(plain, ours, strict=True)]  # fmt: skip
             runs["patched"][str(c)]["pair_ratios"] = [round(r, 4) for r in pairs]
-            for q in passes["patched"]:
-                print(f"  profile ({q['seconds']:.2f} s pass): {json.dumps(q['profile'])}")
             print("  pairs (patched/unpatched):", ", ".join(f"{r:.3f}" for r in pairs), flush=True)
     patched["runs"] = runs["patched"]
     return {"ready_s": server.ready_s, "command": server.cmd, "runs": runs["unpatched"],

@@ -184,10 +184,38 @@ def test_both_cuda_graph_modes_are_reported_each_by_name(files):
         "**SPECULATION IS SLOWER THAN PLAIN DECODING: 0.43×** (SGLang EAGLE-3, 3 draft tokens, "
         "CUDA graphs"
     )
-    assert "SGLang online (CUDA graphs): plain 956.0 tok/s, EAGLE-3 410.0 tok/s" in summary
+    assert (
+        "SGLang online (CUDA graphs, 3 draft tokens): plain 956.0 tok/s, EAGLE-3 410.0 tok/s"
+        in summary
+    )
     assert "identical outputs 8/16" in summary
-    assert "SGLang online (eager, --disable-cuda-graph): plain 157.0 tok/s" in summary
+    assert (
+        "SGLang online (eager, --disable-cuda-graph, 3 draft tokens): plain 157.0 tok/s" in summary
+    )
     assert "identical outputs 9/16" in summary
+
+
+def test_each_served_setting_is_reported_and_the_fastest_is_the_verdict(files):
+    def setting(k, topk, verify, spec, accept):
+        return {"setting": f"{k}-{topk}-{verify}", "draft_tokens": k, "topk": topk,
+                "verify_tokens": verify, "spec_tokens_per_s": spec, "speedup": spec / 400.0,
+                "accept_length": accept, "identical": 80}  # fmt: skip
+
+    settings = [setting(3, 1, 4, 480.0, 2.6), setting(7, 1, 8, 560.0, 3.1),
+                setting(7, 4, 16, 520.0, 3.4)]  # fmt: skip
+    online = {"status": "ok", **settings[0], "prompts": 80, "turns": 160, "mode": "cuda_graph",
+              "plain_tokens_per_s": 400.0, "settings": settings}  # fmt: skip
+    inp, written = write(files, 0.9, online)
+    summary = written["summary"].read_text()
+    assert summary.splitlines()[0].startswith(
+        "speculation 1.40× faster than plain decoding (SGLang EAGLE-3, 7 draft tokens"
+    )
+    for shape, spec, ratio in (("3 draft tokens", "480.0", "1.20"), ("7 draft tokens", "560.0",
+                               "1.40"), ("a tree of 7 steps × top-4, 16 tokens verified",
+                               "520.0", "1.30")):  # fmt: skip
+        assert (f"SGLang online (CUDA graphs, {shape}): plain 400.0 tok/s, EAGLE-3 {spec} tok/s, "
+                f"**{ratio}×**") in summary  # fmt: skip
+    assert "identical outputs 80/80 (160 turns)" in summary
 
 
 def test_missing_inputs_still_give_a_report(tmp_path):

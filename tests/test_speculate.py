@@ -380,6 +380,48 @@ def test_online_measures_both_servers_and_stops_them(tmp_path):
     assert not any(_alive(c) for c in children), "a server's child outlived it"
 
 
+def test_online_serves_every_turn_and_each_setting_against_one_plain_run(tmp_path):
+    from transformers import AutoTokenizer
+
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE)
+    tok = AutoTokenizer.from_pretrained(TOY)
+    first = [{"role": "user", "content": "What is a list?"}]
+    second = [{"role": "user", "content": "And a tuple?"}]
+    ids = tok(tok.apply_chat_template(first, tokenize=False, add_generation_prompt=True),
+              add_special_tokens=False)["input_ids"]  # fmt: skip
+    prompts = [{"id": "q", "input_ids": ids, "messages": first, "follow_ups": [second]}]
+    settings = [{"draft_tokens": 3}, {"draft_tokens": 7, "topk": 4, "verify_tokens": 16}]
+    rec = on.run_online(tmp_path, tmp_path / "draft", prompts, max_new_tokens=5, draft_tokens=1,
+                        log_dir=tmp_path / "logs", launch_timeout=30, settings=settings,
+                        server_args=["--pid-file", str(tmp_path / "pids")], tokenizer=tok,
+                        launcher=[sys.executable, str(script)])  # fmt: skip
+    assert [s["setting"] for s in rec["settings"]] == ["3-1-4", "7-4-16"]
+    assert rec["setting"] == "3-1-4" and rec["turns"] == 2
+    # the second question follows the server's own first answer, rendered independently here
+    out1 = [(sum(ids) + i) % 97 for i in range(5)]
+    history = [*first, {"role": "assistant", "content": tok.decode(out1, skip_special_tokens=True)
+                        .strip()}, *second]  # fmt: skip
+    ids2 = tok(tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True),
+               add_special_tokens=False)["input_ids"]  # fmt: skip
+    row = rec["runs"]["plain"]["rows"][0]
+    assert row["turns"] == [5, 5] and row["output_ids"] == out1 + [
+        (sum(ids2) + i) % 97 for i in range(5)
+    ]
+    for s, flags in zip(rec["settings"], (("3", "1", "4"), ("7", "4", "16")), strict=True):
+        assert s["identical"] == 1 and s["accept_length"] == pytest.approx(2.5)
+        log = (tmp_path / "logs" / f"sglang-eagle3-{s['setting']}.log").read_text()
+        steps, topk, verify = flags
+        assert (
+            f"--speculative-num-steps {steps}" in log
+            and f"--speculative-eagle-topk {topk}" in log
+            and f"--speculative-num-draft-tokens {verify}" in log
+        )
+    assert (tmp_path / "logs" / "sglang-plain.log").is_file()
+    with pytest.raises(on.OnlineError, match="verify_tokens"):
+        on.served_settings(3, settings=[{"draft_tokens": 3, "topk": 4}])
+
+
 def test_online_measures_each_cuda_graph_mode_and_names_it(tmp_path):
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE)

@@ -158,7 +158,9 @@ def _speculate(args, cfg) -> int:
             launch_timeout=ev["sglang"]["launch_timeout_s"],
             server_args=ev["sglang"]["server_args"],
             cuda_graph=ev["sglang"]["cuda_graph"],
-            **common,
+            # a draft asked for on the command line replaces the config's served settings
+            settings=None if args.draft_tokens or args.topk else ev["sglang"]["settings"],
+            **{**common, "prompts": args.prompts or ev["sglang"]["prompts"] or ev["prompts"]},
         )
     else:
         out = Path(args.out or layout.evaluate_dir() / "speculate.json")

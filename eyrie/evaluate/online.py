@@ -3,9 +3,10 @@
 Two servers in turn on 127.0.0.1 and a free port (retried on a port clash), the same prompts
 (token ids, batch 1, greedy) to each: the plain one gives baseline tokens/s and outputs; the
 EAGLE-3 one gives tokens/s and SGLang's own accept length (``meta_info.spec_accept_length``:
-tokens emitted per verify pass, bonus token included). Each prompt is its first turn only: a
-held-out conversation's later turns (MT-bench's second question) are decoded by the
-transformers loop, not here. The launcher waits for /health with a
+tokens emitted per verify pass, bonus token included). Every turn of a held-out conversation
+is served: a later one (MT-bench's second question) after the server's own earlier answers.
+Several drafts (evaluate.sglang.settings: chains, trees) are each served against the one plain
+server's run. The launcher waits for /health with a
 timeout, stops early with the log's tail when the server dies, and always stops the server's
 whole process group.
 
@@ -115,22 +116,43 @@ def generate(
     return {"output_ids": list(ids), "seconds": seconds, "meta_info": out.get("meta_info", {})}
 
 
-def measure(url: str, prompts: list[dict], max_new_tokens: int, tag: str) -> dict:
-    """Each prompt in turn (batch 1, as eyrie.evaluate.speculate): outputs, timings and accept
-    lengths."""
+def measure(url: str, prompts: list[dict], max_new_tokens: int, tag: str, tokenizer=None) -> dict:
+    """Each prompt in turn (batch 1, as eyrie.evaluate.speculate), every turn of it: a later
+    turn (MT-bench's second question) is asked after this server's own earlier answers
+    (eyrie.evaluate.compare.decode_turns, which needs ``tokenizer``). Outputs, timings and
+    accept lengths, per conversation."""
+    from eyrie.evaluate.compare import decode_turns
+    from eyrie.evaluate.speculate import Generation
+
     rows = []
     for i, p in enumerate(prompts):
-        r = generate(url, p["input_ids"], max_new_tokens, f"eyrie-{tag}-{i}")
-        meta = r["meta_info"]
+        calls: list[dict] = []
+
+        def decode(ids: list[int], i=i, calls=calls) -> Generation:
+            rid = f"eyrie-{tag}-{i}" + (f"-t{len(calls)}" if calls else "")
+            calls.append(generate(url, ids, max_new_tokens, rid))
+            return Generation(calls[-1]["output_ids"], calls[-1]["seconds"])
+
+        gen = decode_turns(decode, p, tokenizer)
+        metas = [c["meta_info"] for c in calls]
+        verify = [m.get("spec_verify_ct") for m in metas]
+        lengths = [m.get("spec_accept_length") for m in metas]
+        row_verify = sum(verify) if all(verify) else None
+        row_accept = None
+        if row_verify:  # weighted by verify passes, like a total
+            row_accept = sum(a * v for a, v in zip(lengths, verify, strict=True)) / row_verify
+        elif all(a is not None for a in lengths):
+            row_accept = sum(lengths) / len(lengths)
         rows.append(
             {
                 "id": p["id"],
                 "input_ids": list(map(int, p["input_ids"])),
-                "new_tokens": len(r["output_ids"]),
-                "seconds": r["seconds"],
-                "output_ids": r["output_ids"],
-                "spec_accept_length": meta.get("spec_accept_length"),
-                "spec_verify_ct": meta.get("spec_verify_ct"),
+                "new_tokens": len(gen.tokens),
+                "turns": [len(c["output_ids"]) for c in calls],
+                "seconds": gen.seconds,
+                "output_ids": gen.tokens,
+                "spec_accept_length": row_accept,
+                "spec_verify_ct": row_verify,
             }
         )
     tokens = sum(r["new_tokens"] for r in rows)
@@ -144,6 +166,7 @@ def measure(url: str, prompts: list[dict], max_new_tokens: int, tag: str) -> dic
         accept = sum(lengths) / len(lengths)
     return {
         "new_tokens": tokens,
+        "turns": sum(len(r["turns"]) for r in rows),
         "seconds": seconds,
         "tokens_per_s": tokens / seconds if seconds > 0 else None,
         "accept_length": accept,
@@ -176,6 +199,31 @@ def why_not(backend: str) -> str | None:
     return None
 
 
+def served_settings(draft_tokens: int, topk: int = 1, verify_tokens=None, settings=None) -> list:
+    """The drafts to serve: ``settings`` (evaluate.sglang.settings) with their defaults filled
+    in, or the one given by the evaluate section's keys."""
+    given = settings or [
+        {"draft_tokens": draft_tokens, "topk": topk, "verify_tokens": verify_tokens}
+    ]
+    out = []
+    for s in given:
+        k, branches = int(s["draft_tokens"]), int(s.get("topk") or 1)
+        verify = s.get("verify_tokens")
+        if branches > 1 and verify is None:
+            raise OnlineError(
+                f"evaluate.sglang.settings entry {s} has topk {branches} and no verify_tokens; "
+                "give the tree's verified node count (e.g. verify_tokens: 8)"
+            )
+        out.append({"draft_tokens": k, "topk": branches,
+                    "verify_tokens": k + 1 if branches == 1 else int(verify)})  # fmt: skip
+    return out
+
+
+def setting_name(s: dict) -> str:
+    """SpecBundle's notation: steps-topk-verified (3-1-4 is a chain of 3)."""
+    return f"{s['draft_tokens']}-{s['topk']}-{s['verify_tokens']}"
+
+
 def run_online(
     target_dir,
     draft_dir,
@@ -191,76 +239,97 @@ def run_online(
     cuda_graph=True,
     topk: int = 1,
     verify_tokens: int | None = None,
+    settings: Sequence[dict] | None = None,
+    tokenizer=None,
 ) -> dict:
-    """Per mode (CUDA graphs, eager, or both): the plain server, then the EAGLE-3 server, on the
-    same prompts. The record's top-level figures are the first mode's (its ``mode`` says
-    which); ``modes`` holds every mode's."""
+    """Per mode (CUDA graphs, eager, or both): the plain server, then one EAGLE-3 server per
+    setting, on the same prompts (every turn). The record's top-level figures are the first
+    mode's first setting's (``mode`` and ``setting`` say which); ``modes`` holds every mode's,
+    each with its ``settings``."""
     modes = modes_of(cuda_graph)
     flags = {mode: mode_args(server_args, mode) for mode in modes}  # refused before any launch
+    drafts = served_settings(draft_tokens, topk, verify_tokens, settings)
     summaries = {}
     for mode in modes:
         summaries[mode] = _run_mode(
-            target_dir, draft_dir, prompts, max_new_tokens=max_new_tokens,
-            draft_tokens=draft_tokens, topk=topk, verify_tokens=verify_tokens,
-            log_dir=Path(log_dir) / mode if len(modes) > 1 else
-            Path(log_dir), launch_timeout=launch_timeout, server_args=flags[mode],
-            launcher=launcher, warmup=warmup,
+            target_dir, draft_dir, prompts, drafts, max_new_tokens=max_new_tokens,
+            log_dir=Path(log_dir) / mode if len(modes) > 1 else Path(log_dir),
+            launch_timeout=launch_timeout, server_args=flags[mode], launcher=launcher,
+            warmup=warmup, tokenizer=tokenizer,
         )  # fmt: skip
         summaries[mode]["mode"] = mode
     head = summaries[modes[0]]
     return {"status": "ok", **head, "modes": summaries}
 
 
+def _serve(command, log, launch_timeout, prompts, max_new_tokens, name, warmup, tokenizer):
+    """One server's measurement (eyrie.evaluate.online.measure), the server stopped after."""
+    key = "evaluate.sglang.launch_timeout_s"
+    try:
+        with ready_server(command, log, launch_timeout, key=key, server_cls=Server) as server:
+            for i, p in enumerate(prompts[:warmup]):  # kernel compilation: not timed
+                generate(server.url, p["input_ids"], 8, f"eyrie-warmup-{name}-{i}")
+            return {
+                "ready_seconds": server.ready_s,
+                **measure(server.url, prompts, max_new_tokens, name, tokenizer),
+            }
+    except ServerError as exc:
+        raise OnlineError(str(exc)) from None
+
+
 def _run_mode(
-    target_dir, draft_dir, prompts, *, max_new_tokens, draft_tokens, log_dir, launch_timeout,
-    server_args, launcher, warmup, topk=1, verify_tokens=None,
+    target_dir, draft_dir, prompts, drafts, *, max_new_tokens, log_dir, launch_timeout,
+    server_args, launcher, warmup, tokenizer=None,
 ) -> dict:  # fmt: skip
-    runs = {}
-    for name, draft in (("plain", None), ("eagle3", draft_dir)):
+    def command(port: int, draft=None, s=drafts[0]) -> list[str]:
+        return server_command(
+            target_dir,
+            port,
+            draft_path=draft,
+            draft_tokens=s["draft_tokens"],
+            topk=s["topk"],
+            verify_tokens=s["verify_tokens"],
+            server_args=server_args,
+            launcher=launcher,
+        )
 
-        def command(port: int, draft=draft) -> list[str]:
-            return server_command(
-                target_dir,
-                port,
-                draft_path=draft,
-                draft_tokens=draft_tokens,
-                topk=topk,
-                verify_tokens=verify_tokens,
-                server_args=server_args,
-                launcher=launcher,
-            )
+    serve = dict(launch_timeout=launch_timeout, prompts=prompts, max_new_tokens=max_new_tokens,
+                 warmup=warmup, tokenizer=tokenizer)  # fmt: skip
+    plain = _serve(command, log_dir / "sglang-plain.log", name="plain", **serve)
+    rows = []
+    for s in drafts:
+        name = "eagle3" if len(drafts) == 1 else f"eagle3-{setting_name(s)}"
 
-        log = log_dir / f"sglang-{name}.log"
-        key = "evaluate.sglang.launch_timeout_s"
-        try:
-            with ready_server(command, log, launch_timeout, key=key, server_cls=Server) as server:
-                for i, p in enumerate(prompts[:warmup]):  # kernel compilation: not timed
-                    generate(server.url, p["input_ids"], 8, f"eyrie-warmup-{name}-{i}")
-                runs[name] = {
-                    "ready_seconds": server.ready_s,
-                    **measure(server.url, prompts, max_new_tokens, name),
-                }
-        except ServerError as exc:
-            raise OnlineError(str(exc)) from None
-    plain, spec = runs["plain"], runs["eagle3"]
-    same = sum(
-        a["output_ids"] == b["output_ids"] for a, b in zip(plain["rows"], spec["rows"], strict=True)
-    )
-    speedup = None
-    if plain["tokens_per_s"] and spec["tokens_per_s"]:
-        speedup = spec["tokens_per_s"] / plain["tokens_per_s"]
+        def spec_command(port: int, s=s) -> list[str]:
+            return command(port, draft=draft_dir, s=s)
+
+        spec = _serve(spec_command, log_dir / f"sglang-{name}.log", name=name, **serve)
+        same = sum(a["output_ids"] == b["output_ids"]
+                   for a, b in zip(plain["rows"], spec["rows"], strict=True))  # fmt: skip
+        speedup = None
+        if plain["tokens_per_s"] and spec["tokens_per_s"]:
+            speedup = spec["tokens_per_s"] / plain["tokens_per_s"]
+        rows.append(
+            {
+                "setting": setting_name(s),
+                **s,
+                "spec_tokens_per_s": spec["tokens_per_s"],
+                "speedup": speedup,
+                "accept_length": spec["accept_length"],
+                "identical": same,
+                "spec": spec,
+            }
+        )
+    head = rows[0]
     return {
-        "draft_tokens": draft_tokens,
-        "topk": topk,
-        "verify_tokens": draft_tokens + 1 if topk == 1 else verify_tokens,
+        **{k: v for k, v in head.items() if k != "spec"},
         "prompts": len(prompts),
+        "turns": plain["turns"],
         "server_args": list(server_args),
         "plain_tokens_per_s": plain["tokens_per_s"],
-        "spec_tokens_per_s": spec["tokens_per_s"],
-        "speedup": speedup,
-        "accept_length": spec["accept_length"],
-        "identical": same,
-        "runs": runs,
+        "runs": {"plain": plain, "eagle3": head["spec"]},
+        "settings": [{k: v for k, v in r.items() if k != "spec"} for r in rows],
+        "setting_runs": {r["setting"]: r["spec"] for r in rows},
     }
 
 
@@ -291,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     from eyrie.evaluate.speculate import load_prompts, machine
     from eyrie.target.load import load_tokenizer
 
-    prompts = load_prompts(args.prompts_jsonl, load_tokenizer(args.target), args.prompts)
+    tokenizer = load_tokenizer(args.target)
+    prompts = load_prompts(args.prompts_jsonl, tokenizer, args.prompts)
     try:
         rec = run_online(
             args.target,
@@ -303,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             launch_timeout=args.launch_timeout,
             server_args=args.server_args or DEFAULT_SERVER_ARGS,
             cuda_graph={"true": True, "false": False}.get(args.cuda_graph, args.cuda_graph),
+            tokenizer=tokenizer,
         )
     except OnlineError as exc:
         print(f"online SGLang: {exc}", file=sys.stderr)

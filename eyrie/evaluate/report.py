@@ -77,9 +77,10 @@ def speed_rows(inp: Inputs) -> list[list[str]]:
     if o.get("status") == "ok":
         for mode, m in (o.get("modes") or {o.get("mode", "eager"): o}).items():
             shown = {"cuda_graph": "CUDA graphs"}.get(mode, mode)
-            rows.append(
-                [f"SGLang EAGLE-3, {shown}"] + _speed_cells(m, m.get("identical"), m.get("prompts"))
-            )
+            for d in m.get("settings") or [m]:
+                cells = _speed_cells({**m, **d}, d.get("identical"), m.get("prompts"))
+                rows.append([f"SGLang EAGLE-3 {d.get('setting', '')}, {shown}".replace(" ,", ",")]
+                            + cells)  # fmt: skip
     return rows
 
 

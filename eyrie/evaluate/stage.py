@@ -148,8 +148,11 @@ def run_online(
     if_possible=False,
     topk=1,
     verify_tokens=None,
+    settings=None,
 ) -> dict:
-    """SGLang with and without the exported drafter; with ``if_possible``, a 'not run' record
+    """SGLang with and without the exported drafter (one EAGLE-3 server per entry of
+    ``settings``, evaluate.sglang.settings; null: the one draft_tokens/topk/verify_tokens give);
+    with ``if_possible``, a 'not run' record
     naming the reason where it cannot run (no GPU, another capture backend, no sglang)."""
     from eyrie.evaluate import online as on
 
@@ -162,7 +165,8 @@ def run_online(
         from eyrie.evaluate.speculate import load_prompts
         from eyrie.target.load import load_tokenizer
 
-        ps = load_prompts(prompts_jsonl, load_tokenizer(target_dir), prompts)
+        tokenizer = load_tokenizer(target_dir)
+        ps = load_prompts(prompts_jsonl, tokenizer, prompts)
         t0 = time.time()
         record = on.run_online(
             target_dir,
@@ -172,6 +176,8 @@ def run_online(
             draft_tokens=draft_tokens,
             topk=topk,
             verify_tokens=verify_tokens,
+            settings=settings,
+            tokenizer=tokenizer,
             log_dir=log_dir,
             launch_timeout=launch_timeout,
             server_args=on.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),

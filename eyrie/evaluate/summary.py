@@ -92,6 +92,8 @@ def speed(inp: Inputs) -> tuple[float | None, str, float | None, int | None]:
     tokens), preferring SGLang's measurement."""
     o = inp.online or {}
     if o.get("status") == "ok" and o.get("speedup"):
+        # several drafts served (evaluate.sglang.settings): the fastest is the verdict's
+        o = {**o, **max(o.get("settings") or [o], key=lambda s: s.get("speedup") or 0.0)}
         k = o.get("draft_tokens")
         mode = {"cuda_graph": "CUDA graphs", "eager": "eager"}.get(o.get("mode"), "eager")
         where = f"SGLang EAGLE-3, {shape_text(o)}, {mode}"
@@ -272,13 +274,16 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
     if o and o.get("status") == "ok":
         for mode, m in (o.get("modes") or {o.get("mode", "eager"): o}).items():
             shown = {"cuda_graph": "CUDA graphs", "eager": "eager, --disable-cuda-graph"}
-            lines.append(
-                f"- SGLang online ({shown.get(mode, mode)}): plain "
-                f"{_fmt(m.get('plain_tokens_per_s'), '.1f')} tok/s, EAGLE-3 "
-                f"{_fmt(m.get('spec_tokens_per_s'), '.1f')} tok/s, **{_fmt(m.get('speedup'))}×**; "
-                f"spec_accept_length {_fmt(m.get('accept_length'))}; identical outputs "
-                f"{m.get('identical')}/{m.get('prompts')}"
-            )
+            for d in m.get("settings") or [m]:
+                lines.append(
+                    f"- SGLang online ({shown.get(mode, mode)}, {shape_text(d)}): plain "
+                    f"{_fmt(m.get('plain_tokens_per_s'), '.1f')} tok/s, EAGLE-3 "
+                    f"{_fmt(d.get('spec_tokens_per_s'), '.1f')} tok/s, "
+                    f"**{_fmt(d.get('speedup'))}×**; spec_accept_length "
+                    f"{_fmt(d.get('accept_length'))}; identical outputs "
+                    f"{d.get('identical')}/{m.get('prompts')}"
+                    + (f" ({m['turns']} turns)" if m.get("turns") else "")
+                )
     else:
         reason = (o or {}).get("reason", "no record")
         lines.append(f"- SGLang online: not run: {reason}")

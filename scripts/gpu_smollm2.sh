@@ -17,18 +17,20 @@
 # --epochs E     train.epochs (the config's 10 by default)
 # --loop-prompts P  MT-bench questions decoded by the transformers loop (the config's by default);
 #                SGLang serves all 80 (evaluate.sglang.prompts)
+# --repeats R    the transformers loop's interleaved timing passes (evaluate.repeats)
 # GPU jobs run one at a time (--resources gpu=1), so no timing shares the GPU with another job.
 # A run cut short resumes where it stopped when started again (Snakemake's own bookkeeping).
 # Results without the stores, weights and training data go to $OUT/smollm2-results.tar.gz (OUT default benchmarks/out/gpu-smollm2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pieces="" samples="" epochs="" loop_prompts="" cores=16
+pieces="" samples="" epochs="" loop_prompts="" repeats="" cores=16
 while [ $# -gt 0 ]; do
   case "$1" in
     --pieces) pieces=$2; shift 2 ;;
     --samples) samples=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
     --loop-prompts) loop_prompts=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
     --cores) cores=$2; shift 2 ;;
     *) echo "error: unknown argument $1 (see the head of $0)" >&2; exit 2 ;;
   esac
@@ -60,7 +62,8 @@ overlay=$(mktemp --suffix .yaml)
 {
   [ -n "$samples" ] && echo "dataset: {max_samples: {train: $samples, heldout: 80}}"
   [ -n "$epochs" ] && echo "train: {epochs: $epochs}"
-  [ -n "$loop_prompts" ] && echo "evaluate: {prompts: $loop_prompts}"
+  [ -n "$loop_prompts$repeats" ] &&
+    echo "evaluate: {${loop_prompts:+prompts: $loop_prompts}${loop_prompts:+${repeats:+, }}${repeats:+repeats: $repeats}}"
   true
 } >"$overlay"
 echo "overrides: $(tr '\n' ' ' <"$overlay")"

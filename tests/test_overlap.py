@@ -230,3 +230,16 @@ def test_a_new_heldout_file_redoes_the_heldout_stores_only(tmp_path):
     assert rules["check_overlap"] == 1 and rules["prepare_dataset"] == 1
     assert {j.wildcards["split"] for j in plan if j.rule == "extract"} == {"heldout"}
     assert rules["extract"] == 2 and "draft_vocab" not in rules
+
+
+@pytest.mark.parametrize("reader", ["eyrie.data.overlap", "eyrie.regenerate.stage"])
+def test_a_split_whose_strings_hold_line_separators_reads_back_whole(tmp_path, reader):
+    """JSON writes U+2028, U+2029 and U+0085 unescaped (ensure_ascii=False), and ShareGPT's
+    answers hold them; each is still one record per "\\n"-ended line."""
+    import importlib
+
+    rows = [{"id": f"s{i}", "messages": [{"role": "user", "content": f"a{sep}b"}]}
+            for i, sep in enumerate(("\u2028", "\u2029", "\x85", "\x1c", "plain"))]  # fmt: skip
+    path = tmp_path / "split.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    assert importlib.import_module(reader).read_records(path) == rows

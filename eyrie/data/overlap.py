@@ -73,8 +73,10 @@ class Shared:
 def read_records(path: str | Path) -> list[dict]:
     """A prepared or regenerated split: one {"id", "messages", "source"} object per line."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        # by "\n" only: str.splitlines() also cuts at U+2028 and the like, which JSON strings
+        # hold unescaped (ShareGPT's do)
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
     except (OSError, json.JSONDecodeError) as exc:
         raise OverlapError(f"cannot read the split {path}: {exc}; rerun its stage") from None
 

@@ -44,7 +44,8 @@ class RegenerateError(EyrieError, RuntimeError):
 def read_records(path: Path) -> list[dict]:
     """The prepared split (rule prepare_dataset's JSONL: id, messages, source per line)."""
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        with open(path, encoding="utf-8") as f:  # not splitlines(): U+2028 sits inside strings
+            return [json.loads(line) for line in f if line.strip()]
     except (OSError, json.JSONDecodeError) as exc:
         raise RegenerateError(f"cannot read the prepared split {path}: {exc}") from None
 

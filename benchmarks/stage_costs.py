@@ -1,0 +1,120 @@
+"""Each stage's cost in a finished run, from the run's own records: wall time, tokens and
+tokens/s, peak host memory, and the disk its outputs take; plus Snakemake's bookkeeping.
+
+    python benchmarks/stage_costs.py RESULTS [--snakemake-dir .snakemake] [--json OUT]
+
+Wall time and peak memory (max RSS) come from each job's `benchmark:` file
+(RESULTS/benchmarks/**.tsv, summed over a rule's jobs; the peak is the largest job's). Tokens:
+the stored tokens (validate/summary.csv) for extract and validate_shard, the tokens trained on
+(train/metrics.csv, every epoch) for train_drafter. Disk: the bytes under each stage's output
+folder. GPU memory and open files are not in these records; a run that needs them samples them
+while it runs. Issue 41's rehearsal compares these per-token costs across run sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+# rule -> the output folder whose bytes it is charged with
+OUTPUTS = {"regenerate": "regen", "extract": "store", "validate_shard": "validate",
+           "draft_vocab": "draft_vocab", "train_drafter": "train",
+           "export_drafter": "export"}  # fmt: skip
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def rule_of(rel: Path) -> str:
+    """The rule a benchmark file belongs to (rules/*.smk name them benchmarks/RULE[/...].tsv,
+    but benchmarks/validate/ and benchmarks/evaluate/ hold several rules')."""
+    top, stem = rel.parts[0].removesuffix(".tsv"), rel.name.removesuffix(".tsv")
+    if top == "validate":
+        return "validate_summary" if stem == "summary" else "validate_shard"
+    if top == "evaluate":
+        return f"evaluate_{stem}"
+    return top
+
+
+def rule_records(results: Path) -> dict[str, dict]:
+    """rule -> summed seconds, the largest max_rss (MB) and the job count, from benchmark files."""
+    rules: dict[str, dict] = {}
+    for tsv in sorted((results / "benchmarks").rglob("*.tsv")):
+        rule = rule_of(tsv.relative_to(results / "benchmarks"))
+        with open(tsv, newline="") as f:
+            row = list(csv.DictReader(f, delimiter="\t"))[-1]  # the last repeat
+        rec = rules.setdefault(rule, {"seconds": 0.0, "max_rss_mb": 0.0, "jobs": 0})
+        rec["seconds"] += float(row["s"])
+        rec["max_rss_mb"] = max(rec["max_rss_mb"], float(row["max_rss"] or 0))
+        rec["jobs"] += 1
+    return rules
+
+
+def stage_tokens(results: Path) -> dict[str, int]:
+    tokens = {}
+    summary = results / "validate" / "summary.csv"
+    if summary.is_file():
+        with open(summary, newline="") as f:
+            stored = sum(int(r["tokens"]) for r in csv.DictReader(f) if r["split"] != "all")
+        tokens["extract"] = tokens["validate_shard"] = stored
+    metrics = results / "train" / "metrics.csv"
+    if metrics.is_file():
+        with open(metrics, newline="") as f:
+            tokens["train_drafter"] = sum(int(r["tokens"]) for r in csv.DictReader(f))
+    return tokens
+
+
+def stage_costs(results: Path, snakemake_dir: Path | None = None) -> dict:
+    rules, tokens = rule_records(results), stage_tokens(results)
+    rows = []
+    for rule, rec in rules.items():
+        n = tokens.get(rule)
+        rows.append({"stage": rule, **rec, "tokens": n,
+                     "tokens_per_s": n / rec["seconds"] if n and rec["seconds"] else None,
+                     "disk_bytes": folder_bytes(results / OUTPUTS[rule])
+                     if rule in OUTPUTS else None})  # fmt: skip
+    book = folder_bytes(snakemake_dir) if snakemake_dir else None
+    return {"results": str(results), "stages": rows, "snakemake_bookkeeping_bytes": book}
+
+
+def table(costs: dict) -> str:
+    def cell(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    lines = ["| stage | jobs | wall s | tokens | tokens/s | max RSS MB | disk MB |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in costs["stages"]:
+        disk = None if r["disk_bytes"] is None else r["disk_bytes"] / 1e6
+        lines.append(f"| {r['stage']} | {r['jobs']} | {r['seconds']:.1f} | "
+                     f"{cell(r['tokens'], ',')} | {cell(r['tokens_per_s'], ',.0f')} | "
+                     f"{r['max_rss_mb']:.0f} | {cell(disk, ',.1f')} |")  # fmt: skip
+    if costs["snakemake_bookkeeping_bytes"] is not None:
+        lines.append(
+            f"\nSnakemake's bookkeeping: {costs['snakemake_bookkeeping_bytes'] / 1e6:.1f} MB"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--snakemake-dir", type=Path, help="the run's .snakemake folder")
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON")
+    args = ap.parse_args(argv)
+    if not (args.results / "benchmarks").is_dir():
+        print(f"error: {args.results}/benchmarks is not there; give a run's results folder",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    costs = stage_costs(args.results, args.snakemake_dir)
+    print(table(costs))
+    if args.json:
+        args.json.write_text(json.dumps(costs, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

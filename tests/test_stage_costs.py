@@ -1,0 +1,47 @@
+"""benchmarks/stage_costs.py: each stage's cost read back from a run's own records."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "stage_costs", ROOT / "benchmarks" / "stage_costs.py"
+)
+sc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sc)
+
+HEAD = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def bench(path: Path, seconds: float, rss: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(HEAD + f"{seconds}\t0:00:01\t{rss}\t1\t1\t1\t0\t0\t0\t1\n")
+
+
+def test_costs_sum_a_rules_jobs_and_divide_by_its_tokens(tmp_path):
+    r = tmp_path / "results"
+    bench(r / "benchmarks/extract/train/shard-000.tsv", 30.0, 900)
+    bench(r / "benchmarks/extract/train/shard-001.tsv", 10.0, 1200)
+    bench(r / "benchmarks/extract/heldout/shard-000.tsv", 10.0, 800)
+    bench(r / "benchmarks/validate/train/shard-000.tsv", 5.0, 100)
+    bench(r / "benchmarks/validate/summary.tsv", 1.0, 50)
+    bench(r / "benchmarks/evaluate/speculate.tsv", 7.0, 60)
+    bench(r / "benchmarks/train_drafter.tsv", 20.0, 2000)
+    (r / "validate").mkdir()
+    (r / "validate/summary.csv").write_text(
+        "split,shard,tokens\ntrain,000,600\ntrain,001,300\nheldout,000,100\nall,all,1000\n"
+    )
+    (r / "train").mkdir()
+    (r / "train/metrics.csv").write_text("step,tokens\n1,1500\n2,1500\n")
+    (r / "store").mkdir()
+    (r / "store/x.bin").write_bytes(b"0" * 2_000_000)
+    rows = {row["stage"]: row for row in sc.stage_costs(r)["stages"]}
+    ext = rows["extract"]
+    assert (ext["jobs"], ext["seconds"], ext["max_rss_mb"], ext["tokens"]) == (3, 50.0, 1200, 1000)
+    assert ext["tokens_per_s"] == 20.0 and ext["disk_bytes"] == 2_000_000
+    assert rows["validate_shard"]["jobs"] == 1 and rows["validate_summary"]["jobs"] == 1
+    assert rows["train_drafter"]["tokens_per_s"] == 150.0  # 3,000 tokens trained in 20 s
+    assert "evaluate_speculate" in rows and rows["evaluate_speculate"]["tokens"] is None
+    assert "| extract | 3 | 50.0 | 1,000 | 20 | 1200 | 2.0 |" in sc.table(sc.stage_costs(r))

@@ -354,7 +354,7 @@ def test_online_measures_both_servers_and_stops_them(tmp_path):
     script.write_text(FAKE)
     pids = tmp_path / "children.pid"
     prompts = [{"id": "a", "input_ids": [1, 2, 3]}, {"id": "b", "input_ids": [4, 5]}]
-    rec = on.run_online(
+    rec = on.measure_servers(
         tmp_path / "target",
         tmp_path / "draft",
         prompts,
@@ -392,10 +392,10 @@ def test_online_serves_every_turn_and_each_setting_against_one_plain_run(tmp_pat
               add_special_tokens=False)["input_ids"]  # fmt: skip
     prompts = [{"id": "q", "input_ids": ids, "messages": first, "follow_ups": [second]}]
     settings = [{"draft_tokens": 3}, {"draft_tokens": 7, "topk": 4, "verify_tokens": 16}]
-    rec = on.run_online(tmp_path, tmp_path / "draft", prompts, max_new_tokens=5, draft_tokens=1,
-                        log_dir=tmp_path / "logs", launch_timeout=30, settings=settings,
-                        server_args=["--pid-file", str(tmp_path / "pids")], tokenizer=tok,
-                        launcher=[sys.executable, str(script)])  # fmt: skip
+    rec = on.measure_servers(tmp_path, tmp_path / "draft", prompts, max_new_tokens=5,
+                             draft_tokens=1, log_dir=tmp_path / "logs", launch_timeout=30,
+                             settings=settings, server_args=["--pid-file", str(tmp_path / "pids")],
+                             tokenizer=tok, launcher=[sys.executable, str(script)])  # fmt: skip
     assert [s["setting"] for s in rec["settings"]] == ["3-1-4", "7-4-16"]
     assert rec["setting"] == "3-1-4" and rec["turns"] == 2
     # the second question follows the server's own first answer, rendered independently here
@@ -429,8 +429,8 @@ def test_online_measures_each_cuda_graph_mode_and_names_it(tmp_path):
     common = dict(max_new_tokens=4, draft_tokens=2, launch_timeout=30,
                   server_args=["--pid-file", str(tmp_path / "pids")],
                   launcher=[sys.executable, str(script)])  # fmt: skip
-    rec = on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "both", cuda_graph="both",
-                        **common)  # fmt: skip
+    rec = on.measure_servers(tmp_path, tmp_path, prompts, log_dir=tmp_path / "both",
+                             cuda_graph="both", **common)  # fmt: skip
     assert rec["mode"] == "cuda_graph" and list(rec["modes"]) == ["cuda_graph", "eager"]
     for mode, eager in (("cuda_graph", False), ("eager", True)):
         m = rec["modes"][mode]
@@ -441,16 +441,16 @@ def test_online_measures_each_cuda_graph_mode_and_names_it(tmp_path):
         assert m["runs"]["plain"]["rows"][0]["input_ids"] == [1, 2, 3]
     assert "--disable-cuda-graph" not in on.DEFAULT_SERVER_ARGS
     assert "--disable-piecewise-cuda-graph" in on.DEFAULT_SERVER_ARGS
-    eager = on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "e", cuda_graph=False,
-                          **common)  # fmt: skip
+    eager = on.measure_servers(tmp_path, tmp_path, prompts, log_dir=tmp_path / "e",
+                               cuda_graph=False, **common)  # fmt: skip
     assert eager["mode"] == "eager" and list(eager["modes"]) == ["eager"]
     assert "--disable-cuda-graph" in (tmp_path / "e" / "sglang-plain.log").read_text()
     with pytest.raises(on.OnlineError, match="cuda_graph: false"):
-        on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x",
-                      **{**common, "server_args": ["--disable-cuda-graph"]})  # fmt: skip
+        on.measure_servers(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x",
+                           **{**common, "server_args": ["--disable-cuda-graph"]})  # fmt: skip
     with pytest.raises(on.OnlineError, match="cuda_graph is 'yes'"):
-        on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x", cuda_graph="yes",
-                      **common)  # fmt: skip
+        on.measure_servers(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x", cuda_graph="yes",
+                           **common)  # fmt: skip
 
 
 def test_online_retries_a_port_taken_after_the_check(tmp_path, monkeypatch):
@@ -469,10 +469,10 @@ def test_online_retries_a_port_taken_after_the_check(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ss, "free_port", next_port)
     monkeypatch.setattr(on, "free_port", next_port, raising=False)
-    rec = on.run_online(tmp_path, tmp_path, [{"id": "a", "input_ids": [1, 2]}], max_new_tokens=3,
-                        draft_tokens=2, log_dir=tmp_path / "logs", launch_timeout=30,
-                        server_args=["--pid-file", str(tmp_path / "pids")],
-                        launcher=[sys.executable, str(script)])  # fmt: skip
+    rec = on.measure_servers(tmp_path, tmp_path, [{"id": "a", "input_ids": [1, 2]}],
+                             max_new_tokens=3, draft_tokens=2, log_dir=tmp_path / "logs",
+                             launch_timeout=30, server_args=["--pid-file", str(tmp_path / "pids")],
+                             launcher=[sys.executable, str(script)])  # fmt: skip
     taken.close()
     assert rec["status"] == "ok" and len(given) == 3  # plain: taken, then another; EAGLE-3: one
     log = (tmp_path / "logs" / "sglang-plain.log").read_text()
@@ -482,9 +482,9 @@ def test_online_retries_a_port_taken_after_the_check(tmp_path, monkeypatch):
 def test_failing_server_reports_its_log(tmp_path):
     launcher = [sys.executable, "-c", "import sys; print('boom: no CUDA device'); sys.exit(3)"]
     with pytest.raises(on.OnlineError, match=r"(?s)exited with code 3.*boom: no CUDA device"):
-        on.run_online(tmp_path, tmp_path, [{"id": "a", "input_ids": [1]}], max_new_tokens=2,
-                      draft_tokens=2, log_dir=tmp_path, launch_timeout=30, server_args=[],
-                      launcher=launcher)  # fmt: skip
+        on.measure_servers(tmp_path, tmp_path, [{"id": "a", "input_ids": [1]}], max_new_tokens=2,
+                           draft_tokens=2, log_dir=tmp_path, launch_timeout=30, server_args=[],
+                           launcher=launcher)  # fmt: skip
 
 
 def test_server_never_ready_times_out_and_is_stopped(tmp_path):

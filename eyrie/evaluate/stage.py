@@ -6,7 +6,8 @@ Each ``run_*`` takes plain paths and settings, runs one measurement and writes i
 - run_speculate: plain vs speculative greedy decoding in-process, interleaved prompt by prompt
   and repeated, every turn of a multi-turn prompt (eyrie/evaluate/compare.py, decoding in
   eyrie/evaluate/speculate.py);
-- run_online: SGLang's own measurement with and without the drafter (eyrie/evaluate/online.py);
+- run_online: SGLang's own measurement with and without the drafter (eyrie/evaluate/online.py:
+  measure_servers);
 - run_report: figures and summary.md from the records (eyrie/evaluate/report.py).
 
 The Snakemake adapters in scripts/ and eyrie/cli/evaluate.py call these, so a rule and a
@@ -168,7 +169,7 @@ def run_online(
         tokenizer = load_tokenizer(target_dir)
         ps = load_prompts(prompts_jsonl, tokenizer, prompts)
         t0 = time.time()
-        record = on.run_online(
+        record = on.measure_servers(
             target_dir,
             draft_dir,
             ps,

@@ -19,7 +19,13 @@ from pathlib import Path
 
 from eyrie.common.errors import EyrieError
 from eyrie.common.layout import SPLITS, Layout
-from eyrie.evaluate.stage import run_evaluate, run_online, run_report, run_speculate
+from eyrie.evaluate.stage import (
+    evaluation_steps,
+    run_evaluate,
+    run_online,
+    run_report,
+    run_speculate,
+)
 
 COMMANDS = ("evaluate", "speculate", "report")
 
@@ -119,7 +125,7 @@ def _evaluate(args, cfg) -> int:
         drafter_dir=args.drafter or layout.drafter(),
         target_dir=args.target or configured_dir(cfg),
         stores=args.stores or _stores(cfg, "heldout"),
-        steps=args.steps or ev["steps"] or cfg["train"]["ttt_steps"],
+        steps=evaluation_steps(args.steps or ev["steps"], cfg["train"]["ttt_steps"]),
         batch_size=ev["batch_size"],
         max_len=cfg["train"]["max_len"],
         device=ev["device"],

@@ -23,6 +23,13 @@ from eyrie.common.device import pick_device
 from eyrie.common.provenance import machine
 
 
+def evaluation_steps(steps, ttt_steps) -> int:
+    """The draft positions scored offline: ``steps`` (evaluate.steps, or a command line's), else
+    the drafter's training unroll (train.ttt_steps), so acceptance is read where it was trained.
+    The rule, the subcommand and run_evaluate all ask here."""
+    return int(steps or ttt_steps or 1)
+
+
 def run_evaluate(
     *,
     drafter_dir,
@@ -41,7 +48,7 @@ def run_evaluate(
 
     dev = pick_device(device, "evaluate.device")
     drafter, meta = load_drafter(drafter_dir, dev)
-    steps = int(steps or meta["train"]["settings"].get("ttt_steps") or 1)
+    steps = evaluation_steps(steps, meta["train"]["settings"].get("ttt_steps"))
     m = evaluate_stores(
         drafter,
         meta["aux_layer_ids"],

@@ -98,22 +98,22 @@ def run_speculate(
 ) -> dict:
     """The transformers loop: plain vs speculative greedy decoding, with the machine; the
     speed-up is the median of ``repeats`` interleaved passes (eyrie/evaluate/compare.py)."""
-    from eyrie.evaluate import speculate as sp
+    from eyrie.evaluate import speculate
     from eyrie.evaluate.compare import compare
 
     dev = pick_device(device, "evaluate.device")
-    target, runner, tokenizer, meta = sp.load_pair(
+    target, runner, tokenizer, meta = speculate.load_pair(
         target_dir, drafter_dir, dev, dtype, architecture
     )
     try:
-        ps = sp.load_prompts(prompts_jsonl, tokenizer, prompts)
+        ps = speculate.load_prompts(prompts_jsonl, tokenizer, prompts)
         result = compare(
             target,
             runner,
             ps,
             k=draft_tokens,
             max_new_tokens=max_new_tokens,
-            eos=sp.eos_ids(tokenizer, target.model.config),
+            eos=speculate.eos_ids(tokenizer, target.model.config),
             warmup=warmup,
             repeats=repeats,
             topk=topk,
@@ -162,13 +162,13 @@ def run_online(
     ``settings``, evaluate.sglang.settings; null: the one draft_tokens/topk/verify_tokens give);
     with ``if_possible``, a 'not run' record
     naming the reason where it cannot run (no GPU, another capture backend, no sglang)."""
-    from eyrie.evaluate import online as on
+    from eyrie.evaluate import online
 
-    reason = on.why_not(backend)
+    reason = online.why_not(backend)
     if reason is not None:
         if not if_possible:
-            raise on.OnlineError(f"the online SGLang measurement cannot run: {reason}")
-        record = on.not_run(reason)
+            raise online.OnlineError(f"the online SGLang measurement cannot run: {reason}")
+        record = online.not_run(reason)
     else:
         from eyrie.evaluate.speculate import load_prompts
         from eyrie.target.load import load_tokenizer
@@ -176,7 +176,7 @@ def run_online(
         tokenizer = load_tokenizer(target_dir)
         ps = load_prompts(prompts_jsonl, tokenizer, prompts)
         t0 = time.time()
-        record = on.measure_servers(
+        record = online.measure_servers(
             target_dir,
             draft_dir,
             ps,
@@ -188,7 +188,7 @@ def run_online(
             tokenizer=tokenizer,
             log_dir=log_dir,
             launch_timeout=launch_timeout,
-            server_args=on.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),
+            server_args=online.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),
             cuda_graph=cuda_graph,
         )
         record["wall_seconds"] = time.time() - t0

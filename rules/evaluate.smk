@@ -3,6 +3,8 @@
 # (transformers, this job's device), SGLang's own measurement (capture.backend sglang on a GPU;
 # otherwise a "not run: <reason>" record), then the report (figures and summary.md).
 
+from eyrie.evaluate.stage import evaluation_steps
+
 EVAL = config["evaluate"]
 ONLINE_SGLANG = config["capture"]["backend"] == "sglang"
 REPORT_FIGURES = ["acceptance", "tau", "speed", "training", "extraction"]
@@ -27,7 +29,7 @@ rule evaluate_acceptance:
     params:
         drafter=lambda wildcards, input: os.path.dirname(input.drafter),
         target=lambda wildcards, input: os.path.dirname(input.target),
-        steps=EVAL["steps"] or config["train"]["ttt_steps"],
+        steps=evaluation_steps(EVAL["steps"], config["train"]["ttt_steps"]),
         batch_size=EVAL["batch_size"],
         max_len=config["train"]["max_len"],
         device=EVAL["device"],

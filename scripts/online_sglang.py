@@ -1,10 +1,11 @@
 """Snakemake adapter for rule evaluate_sglang: SGLang's own acceptance and speed, or a
 "not run" record naming why (another capture backend, no GPU, no sglang, no SGLang export)."""
 
-from eyrie.cli.evaluate import known_errors, run_online
 from eyrie.common.adapter import rule_log
 from eyrie.common.atomic import write_json
+from eyrie.common.errors import known_errors
 from eyrie.evaluate.online import not_run
+from eyrie.evaluate.stage import run_online
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 

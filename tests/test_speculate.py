@@ -16,7 +16,7 @@ from fake_sglang import fake_server
 from tiny_target import build_llama
 
 from eyrie.evaluate import compare as cmp
-from eyrie.evaluate import online as on
+from eyrie.evaluate import online
 from eyrie.evaluate.compare import interleaved, rows_of, summarize
 from eyrie.evaluate.speculate import (
     DraftRunner,
@@ -354,7 +354,7 @@ def test_online_measures_both_servers_and_stops_them(tmp_path):
     script.write_text(FAKE)
     pids = tmp_path / "children.pid"
     prompts = [{"id": "a", "input_ids": [1, 2, 3]}, {"id": "b", "input_ids": [4, 5]}]
-    rec = on.run_online(
+    rec = online.measure_servers(
         tmp_path / "target",
         tmp_path / "draft",
         prompts,
@@ -392,10 +392,11 @@ def test_online_serves_every_turn_and_each_setting_against_one_plain_run(tmp_pat
               add_special_tokens=False)["input_ids"]  # fmt: skip
     prompts = [{"id": "q", "input_ids": ids, "messages": first, "follow_ups": [second]}]
     settings = [{"draft_tokens": 3}, {"draft_tokens": 7, "topk": 4, "verify_tokens": 16}]
-    rec = on.run_online(tmp_path, tmp_path / "draft", prompts, max_new_tokens=5, draft_tokens=1,
-                        log_dir=tmp_path / "logs", launch_timeout=30, settings=settings,
-                        server_args=["--pid-file", str(tmp_path / "pids")], tokenizer=tok,
-                        launcher=[sys.executable, str(script)])  # fmt: skip
+    rec = online.measure_servers(tmp_path, tmp_path / "draft", prompts, max_new_tokens=5,
+                                 draft_tokens=1, log_dir=tmp_path / "logs", launch_timeout=30,
+                                 settings=settings,
+                                 server_args=["--pid-file", str(tmp_path / "pids")],
+                                 tokenizer=tok, launcher=[sys.executable, str(script)])  # fmt: skip
     assert [s["setting"] for s in rec["settings"]] == ["3-1-4", "7-4-16"]
     assert rec["setting"] == "3-1-4" and rec["turns"] == 2
     # the second question follows the server's own first answer, rendered independently here
@@ -418,8 +419,8 @@ def test_online_serves_every_turn_and_each_setting_against_one_plain_run(tmp_pat
             and f"--speculative-num-draft-tokens {verify}" in log
         )
     assert (tmp_path / "logs" / "sglang-plain.log").is_file()
-    with pytest.raises(on.OnlineError, match="verify_tokens"):
-        on.served_settings(3, settings=[{"draft_tokens": 3, "topk": 4}])
+    with pytest.raises(online.OnlineError, match="verify_tokens"):
+        online.served_settings(3, settings=[{"draft_tokens": 3, "topk": 4}])
 
 
 def test_online_measures_each_cuda_graph_mode_and_names_it(tmp_path):
@@ -429,8 +430,8 @@ def test_online_measures_each_cuda_graph_mode_and_names_it(tmp_path):
     common = dict(max_new_tokens=4, draft_tokens=2, launch_timeout=30,
                   server_args=["--pid-file", str(tmp_path / "pids")],
                   launcher=[sys.executable, str(script)])  # fmt: skip
-    rec = on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "both", cuda_graph="both",
-                        **common)  # fmt: skip
+    rec = online.measure_servers(tmp_path, tmp_path, prompts, log_dir=tmp_path / "both",
+                                 cuda_graph="both", **common)  # fmt: skip
     assert rec["mode"] == "cuda_graph" and list(rec["modes"]) == ["cuda_graph", "eager"]
     for mode, eager in (("cuda_graph", False), ("eager", True)):
         m = rec["modes"][mode]
@@ -439,18 +440,18 @@ def test_online_measures_each_cuda_graph_mode_and_names_it(tmp_path):
             log = (tmp_path / "both" / mode / f"sglang-{name}.log").read_text()
             assert ("--disable-cuda-graph" in log) is eager, (mode, name)
         assert m["runs"]["plain"]["rows"][0]["input_ids"] == [1, 2, 3]
-    assert "--disable-cuda-graph" not in on.DEFAULT_SERVER_ARGS
-    assert "--disable-piecewise-cuda-graph" in on.DEFAULT_SERVER_ARGS
-    eager = on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "e", cuda_graph=False,
-                          **common)  # fmt: skip
+    assert "--disable-cuda-graph" not in online.DEFAULT_SERVER_ARGS
+    assert "--disable-piecewise-cuda-graph" in online.DEFAULT_SERVER_ARGS
+    eager = online.measure_servers(tmp_path, tmp_path, prompts, log_dir=tmp_path / "e",
+                                   cuda_graph=False, **common)  # fmt: skip
     assert eager["mode"] == "eager" and list(eager["modes"]) == ["eager"]
     assert "--disable-cuda-graph" in (tmp_path / "e" / "sglang-plain.log").read_text()
-    with pytest.raises(on.OnlineError, match="cuda_graph: false"):
-        on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x",
-                      **{**common, "server_args": ["--disable-cuda-graph"]})  # fmt: skip
-    with pytest.raises(on.OnlineError, match="cuda_graph is 'yes'"):
-        on.run_online(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x", cuda_graph="yes",
-                      **common)  # fmt: skip
+    with pytest.raises(online.OnlineError, match="cuda_graph: false"):
+        online.measure_servers(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x",
+                               **{**common, "server_args": ["--disable-cuda-graph"]})  # fmt: skip
+    with pytest.raises(online.OnlineError, match="cuda_graph is 'yes'"):
+        online.measure_servers(tmp_path, tmp_path, prompts, log_dir=tmp_path / "x",
+                               cuda_graph="yes", **common)  # fmt: skip
 
 
 def test_online_retries_a_port_taken_after_the_check(tmp_path, monkeypatch):
@@ -468,11 +469,12 @@ def test_online_retries_a_port_taken_after_the_check(tmp_path, monkeypatch):
         return given[-1]
 
     monkeypatch.setattr(ss, "free_port", next_port)
-    monkeypatch.setattr(on, "free_port", next_port, raising=False)
-    rec = on.run_online(tmp_path, tmp_path, [{"id": "a", "input_ids": [1, 2]}], max_new_tokens=3,
-                        draft_tokens=2, log_dir=tmp_path / "logs", launch_timeout=30,
-                        server_args=["--pid-file", str(tmp_path / "pids")],
-                        launcher=[sys.executable, str(script)])  # fmt: skip
+    monkeypatch.setattr(online, "free_port", next_port, raising=False)
+    rec = online.measure_servers(tmp_path, tmp_path, [{"id": "a", "input_ids": [1, 2]}],
+                                 max_new_tokens=3, draft_tokens=2, log_dir=tmp_path / "logs",
+                                 launch_timeout=30,
+                                 server_args=["--pid-file", str(tmp_path / "pids")],
+                                 launcher=[sys.executable, str(script)])  # fmt: skip
     taken.close()
     assert rec["status"] == "ok" and len(given) == 3  # plain: taken, then another; EAGLE-3: one
     log = (tmp_path / "logs" / "sglang-plain.log").read_text()
@@ -481,22 +483,23 @@ def test_online_retries_a_port_taken_after_the_check(tmp_path, monkeypatch):
 
 def test_failing_server_reports_its_log(tmp_path):
     launcher = [sys.executable, "-c", "import sys; print('boom: no CUDA device'); sys.exit(3)"]
-    with pytest.raises(on.OnlineError, match=r"(?s)exited with code 3.*boom: no CUDA device"):
-        on.run_online(tmp_path, tmp_path, [{"id": "a", "input_ids": [1]}], max_new_tokens=2,
-                      draft_tokens=2, log_dir=tmp_path, launch_timeout=30, server_args=[],
-                      launcher=launcher)  # fmt: skip
+    with pytest.raises(online.OnlineError, match=r"(?s)exited with code 3.*boom: no CUDA device"):
+        online.measure_servers(tmp_path, tmp_path, [{"id": "a", "input_ids": [1]}],
+                               max_new_tokens=2, draft_tokens=2, log_dir=tmp_path,
+                               launch_timeout=30, server_args=[],
+                               launcher=launcher)  # fmt: skip
 
 
 def test_server_never_ready_times_out_and_is_stopped(tmp_path):
     cmd = [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(120)"]
-    server = on.Server(cmd, tmp_path / "s.log", on.free_port())
-    with pytest.raises(on.OnlineError, match=r"(?s)not ready after 1 s.*loading"):
+    server = online.Server(cmd, tmp_path / "s.log", online.free_port())
+    with pytest.raises(online.OnlineError, match=r"(?s)not ready after 1 s.*loading"):
         with server:
             server.wait_healthy(timeout=1.0, poll=0.2)
     assert server.proc.poll() is not None
 
 
 def test_not_run_reasons():
-    assert "capture.backend is 'hf'" in on.why_not("hf")
+    assert "capture.backend is 'hf'" in online.why_not("hf")
     if not torch.cuda.is_available():
-        assert "no CUDA GPU" in on.why_not("sglang")
+        assert "no CUDA GPU" in online.why_not("sglang")

@@ -102,9 +102,10 @@ def test_global_batches_same_for_any_world_size_and_resume():
     for step, (a, b) in enumerate(zip(*two, strict=True)):
         assert sorted(a + b) == sorted(batches[step])
         assert not set(a) & set(b)
-    spe = GlobalBatches.steps_per_epoch(37, 8)
-    epoch0 = [i for b in batches[:spe] for i in b]
-    assert len(epoch0) == len(set(epoch0)) == spe * 8  # each sample at most once per epoch
+    steps_per_epoch = GlobalBatches.steps_per_epoch(37, 8)
+    epoch0 = [i for b in batches[:steps_per_epoch] for i in b]
+    # each sample at most once per epoch
+    assert len(epoch0) == len(set(epoch0)) == steps_per_epoch * 8
     assert all(lengths[x] <= lengths[y] for b in batches for x, y in zip(b, b[1:], strict=False))
     resumed = list(GlobalBatches(lengths, 8, 3, start=5, stop=12, d=Dist()))
     assert resumed == batches[5:]

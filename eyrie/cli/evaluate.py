@@ -17,9 +17,15 @@ import logging
 import sys
 from pathlib import Path
 
-from eyrie.common.errors import EyrieError
-from eyrie.common.layout import SPLITS, Layout
-from eyrie.evaluate.stage import run_evaluate, run_online, run_report, run_speculate
+from eyrie.common.errors import known_errors
+from eyrie.common.layout import SPLITS, Layout, configured_stores
+from eyrie.evaluate.stage import (
+    evaluation_steps,
+    run_evaluate,
+    run_online,
+    run_report,
+    run_speculate,
+)
 
 COMMANDS = ("evaluate", "speculate", "report")
 
@@ -91,22 +97,11 @@ def run(args) -> int:
         return 1
 
 
-def known_errors() -> tuple[type[Exception], ...]:
-    """The failures with a plain message (shown as is); anything else is a bug to trace."""
-    return (EyrieError, FileNotFoundError)
-
-
 def _threads(args) -> None:
     if getattr(args, "threads", None):
         import torch
 
         torch.set_num_threads(args.threads)
-
-
-def _stores(cfg: dict, split: str) -> list[Path]:
-    """The split's configured stores (extract.shards of them), whether they exist yet or not."""
-    layout = Layout.of(cfg)
-    return [layout.store(split, i) for i in range(cfg["extract"]["shards"])]
 
 
 def _evaluate(args, cfg) -> int:
@@ -118,8 +113,8 @@ def _evaluate(args, cfg) -> int:
     rec = run_evaluate(
         drafter_dir=args.drafter or layout.drafter(),
         target_dir=args.target or configured_dir(cfg),
-        stores=args.stores or _stores(cfg, "heldout"),
-        steps=args.steps or ev["steps"] or cfg["train"]["ttt_steps"],
+        stores=args.stores or configured_stores(cfg, "heldout"),
+        steps=evaluation_steps(args.steps or ev["steps"], cfg["train"]["ttt_steps"]),
         batch_size=ev["batch_size"],
         max_len=cfg["train"]["max_len"],
         device=ev["device"],

@@ -17,15 +17,9 @@ from pathlib import Path
 
 from eyrie.common.errors import EyrieError
 from eyrie.common.hf_config import text_config
-from eyrie.common.layout import Layout
+from eyrie.common.layout import Layout, configured_stores
 
 COMMANDS = ("draft-vocab", "train", "export", "check-export")
-
-
-def _store_paths(cfg: dict, split: str) -> list[Path]:
-    """The split's configured stores (extract.shards of them), whether they exist yet or not."""
-    layout = Layout.of(cfg)
-    return [layout.store(split, i) for i in range(cfg["extract"]["shards"])]
 
 
 def _target_text(target) -> dict:
@@ -107,7 +101,7 @@ def _vocab(args, cfg) -> int:
     from eyrie.train import vocab as draft_vocab
 
     target = Path(args.target or configured_dir(cfg))
-    stores = args.stores or _store_paths(cfg, "train")
+    stores = args.stores or configured_stores(cfg, "train")
     vocab_size = int(_target_text(target)["vocab_size"])
     size = min(int(args.size or cfg["draft_vocab"]["size"]), vocab_size)
     counts = draft_vocab.count_tokens(stores, vocab_size)
@@ -134,10 +128,12 @@ def _train(args, cfg) -> int:
     layout = Layout.of(cfg)
     out = Path(args.out or layout.train_dir())
     heldout = (
-        args.heldout_stores if args.heldout_stores is not None else _store_paths(cfg, "heldout")
+        args.heldout_stores
+        if args.heldout_stores is not None
+        else configured_stores(cfg, "heldout")
     )
     summary = train(
-        train_stores=args.train_stores or _store_paths(cfg, "train"),
+        train_stores=args.train_stores or configured_stores(cfg, "train"),
         heldout_stores=heldout,
         target_dir=args.target or configured_dir(cfg),
         vocab_path=args.vocab or layout.vocab(),

@@ -10,3 +10,8 @@ RuntimeError for a failed step), so callers that catch those still do.
 
 class EyrieError(Exception):
     """An error whose message tells the user what is wrong and what to do about it."""
+
+
+def known_errors() -> tuple[type[Exception], ...]:
+    """The failures with a plain message (shown as is); anything else is a bug to trace."""
+    return (EyrieError, FileNotFoundError)

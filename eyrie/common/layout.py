@@ -74,6 +74,12 @@ class Layout:
         return self.root / "export" / engine
 
 
+def configured_stores(config: dict, split: str) -> list[Path]:
+    """The split's configured stores (extract.shards of them), whether they exist yet or not."""
+    layout = Layout.of(config)
+    return [layout.store(split, i) for i in range(config["extract"]["shards"])]
+
+
 def shard_name(shard: int | str) -> str:
     """shard-NNN, from 7 or "007" or "shard-007" (a Snakemake wildcard such as "{shard}" is
     kept as it is: shard-{shard})."""

@@ -224,7 +224,7 @@ def setting_name(s: dict) -> str:
     return f"{s['draft_tokens']}-{s['topk']}-{s['verify_tokens']}"
 
 
-def run_online(
+def measure_servers(
     target_dir,
     draft_dir,
     prompts: list[dict],
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.target)
     prompts = load_prompts(args.prompts_jsonl, tokenizer, args.prompts)
     try:
-        rec = run_online(
+        rec = measure_servers(
             args.target,
             args.draft,
             prompts,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyrie.common.errors import EyrieError
-from eyrie.target.layers import check_aux_layer_ids, find_decoder_layers
+from eyrie.target.layers import check_aux_layer_ids, find_decoder_layers, hidden_state
 from eyrie.train.model import apply_rope, rope_cos_sin
 
 
@@ -38,15 +38,6 @@ class SpeculateError(EyrieError, RuntimeError):
 
 # ---------------------------------------------------------------------------------------------
 # the target: logits and aux states of one forward pass over its KV cache
-
-
-def _hidden(output) -> torch.Tensor:
-    """A decoder layer returns its hidden state, or a tuple whose first element is it."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise SpeculateError(f"a decoder layer returned {type(output).__name__}, not a hidden state")
 
 
 class Target:
@@ -71,7 +62,7 @@ class Target:
 
     def _hook(self, slot: int):
         def hook(module, args, output):
-            self._seen[slot] = _hidden(output)
+            self._seen[slot] = hidden_state(output, SpeculateError)
 
         return hook
 
@@ -290,12 +281,13 @@ class Generation:
         return self.turns or [len(self.tokens)]
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the GPU's queued kernels, so the clock read next counts them."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _finish(tokens: list[int], max_new: int, eos: set[int]) -> tuple[list[int], bool]:
+def cut_output(tokens: list[int], max_new: int, eos: set[int]) -> tuple[list[int], bool]:
     """Tokens cut after the first eos and at max_new; and whether generation is over."""
     for i, t in enumerate(tokens[:max_new]):
         if t in eos:
@@ -305,7 +297,7 @@ def _finish(tokens: list[int], max_new: int, eos: set[int]) -> tuple[list[int], 
 
 def _prefill(target: Target, prompt: list[int]):
     """Start the clock and run the prompt into a new cache: (t0, cache, [first token], aux)."""
-    _sync(target.device)
+    sync_device(target.device)
     t0 = time.perf_counter()
     cache = target.new_cache()
     logits, aux = target.forward(prompt, cache)
@@ -316,11 +308,11 @@ def greedy_generate(target: Target, prompt: list[int], max_new_tokens: int, eos=
     """Plain greedy decoding, one target pass per token over the same KV cache code path."""
     eos = set(eos)
     t0, cache, out, _ = _prefill(target, prompt)
-    out, done = _finish(out, max_new_tokens, eos)
+    out, done = cut_output(out, max_new_tokens, eos)
     while not done:
         logits, _ = target.forward([out[-1]], cache)
-        out, done = _finish(out + [int(logits[-1].argmax())], max_new_tokens, eos)
-    _sync(target.device)
+        out, done = cut_output(out + [int(logits[-1].argmax())], max_new_tokens, eos)
+    sync_device(target.device)
     return Generation(out, time.perf_counter() - t0)
 
 
@@ -333,7 +325,7 @@ def start_speculation(target: Target, drafter: DraftRunner, prompt, max_new_toke
     t0, cache, out, aux = _prefill(target, prompt)
     drafter.reset()
     drafter.extend(aux, prompt[1:] + out, 0)
-    out, done = _finish(out, max_new_tokens, eos)
+    out, done = cut_output(out, max_new_tokens, eos)
     return t0, cache, out, eos, done
 
 
@@ -357,8 +349,8 @@ def speculative_generate(
         crop_cache(cache, n + a + 1)
         drafter.extend(aux[:, : a + 1], new, n)
         accepted.append(a)
-        out, done = _finish(out + new, max_new_tokens, eos)
-    _sync(target.device)
+        out, done = cut_output(out + new, max_new_tokens, eos)
+    sync_device(target.device)
     return Generation(out, time.perf_counter() - t0, accepted)
 
 

@@ -6,7 +6,8 @@ Each ``run_*`` takes plain paths and settings, runs one measurement and writes i
 - run_speculate: plain vs speculative greedy decoding in-process, interleaved prompt by prompt
   and repeated, every turn of a multi-turn prompt (eyrie/evaluate/compare.py, decoding in
   eyrie/evaluate/speculate.py);
-- run_online: SGLang's own measurement with and without the drafter (eyrie/evaluate/online.py);
+- run_online: SGLang's own measurement with and without the drafter (eyrie/evaluate/online.py:
+  measure_servers);
 - run_report: figures and summary.md from the records (eyrie/evaluate/report.py).
 
 The Snakemake adapters in scripts/ and eyrie/cli/evaluate.py call these, so a rule and a
@@ -20,6 +21,13 @@ import time
 from eyrie.common.atomic import write_json, write_text
 from eyrie.common.device import pick_device
 from eyrie.common.provenance import machine
+
+
+def evaluation_steps(steps, ttt_steps) -> int:
+    """The draft positions scored offline: ``steps`` (evaluate.steps, or a command line's), else
+    the drafter's training unroll (train.ttt_steps), so acceptance is read where it was trained.
+    The rule, the subcommand and run_evaluate all ask here."""
+    return int(steps or ttt_steps or 1)
 
 
 def run_evaluate(
@@ -40,7 +48,7 @@ def run_evaluate(
 
     dev = pick_device(device, "evaluate.device")
     drafter, meta = load_drafter(drafter_dir, dev)
-    steps = int(steps or meta["train"]["settings"].get("ttt_steps") or 1)
+    steps = evaluation_steps(steps, meta["train"]["settings"].get("ttt_steps"))
     m = evaluate_stores(
         drafter,
         meta["aux_layer_ids"],
@@ -90,22 +98,22 @@ def run_speculate(
 ) -> dict:
     """The transformers loop: plain vs speculative greedy decoding, with the machine; the
     speed-up is the median of ``repeats`` interleaved passes (eyrie/evaluate/compare.py)."""
-    from eyrie.evaluate import speculate as sp
+    from eyrie.evaluate import speculate
     from eyrie.evaluate.compare import compare
 
     dev = pick_device(device, "evaluate.device")
-    target, runner, tokenizer, meta = sp.load_pair(
+    target, runner, tokenizer, meta = speculate.load_pair(
         target_dir, drafter_dir, dev, dtype, architecture
     )
     try:
-        ps = sp.load_prompts(prompts_jsonl, tokenizer, prompts)
+        ps = speculate.load_prompts(prompts_jsonl, tokenizer, prompts)
         result = compare(
             target,
             runner,
             ps,
             k=draft_tokens,
             max_new_tokens=max_new_tokens,
-            eos=sp.eos_ids(tokenizer, target.model.config),
+            eos=speculate.eos_ids(tokenizer, target.model.config),
             warmup=warmup,
             repeats=repeats,
             topk=topk,
@@ -154,13 +162,13 @@ def run_online(
     ``settings``, evaluate.sglang.settings; null: the one draft_tokens/topk/verify_tokens give);
     with ``if_possible``, a 'not run' record
     naming the reason where it cannot run (no GPU, another capture backend, no sglang)."""
-    from eyrie.evaluate import online as on
+    from eyrie.evaluate import online
 
-    reason = on.why_not(backend)
+    reason = online.why_not(backend)
     if reason is not None:
         if not if_possible:
-            raise on.OnlineError(f"the online SGLang measurement cannot run: {reason}")
-        record = on.not_run(reason)
+            raise online.OnlineError(f"the online SGLang measurement cannot run: {reason}")
+        record = online.not_run(reason)
     else:
         from eyrie.evaluate.speculate import load_prompts
         from eyrie.target.load import load_tokenizer
@@ -168,7 +176,7 @@ def run_online(
         tokenizer = load_tokenizer(target_dir)
         ps = load_prompts(prompts_jsonl, tokenizer, prompts)
         t0 = time.time()
-        record = on.run_online(
+        record = online.measure_servers(
             target_dir,
             draft_dir,
             ps,
@@ -180,7 +188,7 @@ def run_online(
             tokenizer=tokenizer,
             log_dir=log_dir,
             launch_timeout=launch_timeout,
-            server_args=on.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),
+            server_args=online.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),
             cuda_graph=cuda_graph,
         )
         record["wall_seconds"] = time.time() - t0

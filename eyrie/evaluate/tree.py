@@ -33,11 +33,11 @@ from eyrie.evaluate.speculate import (
     Generation,
     SpeculateError,
     Target,
-    _finish,
-    _sync,
     cache_length,
     crop_cache,
+    cut_output,
     start_speculation,
+    sync_device,
 )
 
 
@@ -233,6 +233,6 @@ def tree_generate(
         keep_cache_rows(cache, n, rows)
         drafter.extend(aux[:, rows], new, n)
         accepted.append(len(path))
-        out, done = _finish(out + new, max_new_tokens, eos)
-    _sync(target.device)
+        out, done = cut_output(out + new, max_new_tokens, eos)
+    sync_device(target.device)
     return Generation(out, time.perf_counter() - t0, accepted)

@@ -29,7 +29,12 @@ from eyrie.extract.graphs import (
     why_not_graphs,
 )
 from eyrie.extract.job import Prepared, batches
-from eyrie.target.layers import check_aux_layer_ids, find_decoder_layers, find_final_norm
+from eyrie.target.layers import (
+    check_aux_layer_ids,
+    find_decoder_layers,
+    find_final_norm,
+    hidden_state,
+)
 
 log = logging.getLogger("eyrie.extract.hf")
 
@@ -40,15 +45,6 @@ class CaptureError(EyrieError, RuntimeError):
 
 class _StopForward(Exception):
     """Raised by the final-norm hook: everything needed has been captured."""
-
-
-def _first_tensor(output) -> torch.Tensor:
-    """A decoder layer returns its hidden state, or a tuple whose first element is it."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise CaptureError(f"a hooked module returned {type(output).__name__}, not a hidden state")
 
 
 def _row_views(aux: torch.Tensor, final: torch.Tensor, lengths: list[int]) -> list[tuple]:
@@ -166,14 +162,14 @@ class HFCapture:
     def _aux_hook(self, slot: int):
         def hook(module, args, output):
             if self._active:
-                self._aux.setdefault(slot, []).append(_first_tensor(output).detach())
+                self._aux.setdefault(slot, []).append(hidden_state(output, CaptureError).detach())
 
         return hook
 
     def _final_hook(self, module, args, output):
         if not self._active:  # another forward of the model (another capture's, a check's)
             return
-        self._final.append(_first_tensor(output).detach())
+        self._final.append(hidden_state(output, CaptureError).detach())
         if self.stop:
             raise _StopForward
 

@@ -33,7 +33,7 @@ from eyrie.common.progress import bar as progress_bar
 from eyrie.common.provenance import file_sha256
 from eyrie.extract.split import (
     ExtractError,
-    Good,
+    TokenizedSample,
 )
 from eyrie.extract.table import read_errors, write_errors
 from eyrie.store.lock import StoreLock
@@ -102,7 +102,9 @@ def work_paths(store: str | Path, errors_csv: str | Path) -> tuple[Path, Path]:
     return work / store.name, work / errors_csv.name
 
 
-def groups_to_do(good: list[Good], size: int, committed: set[str], failed: set[int]) -> list:
+def groups_to_do(
+    good: list[TokenizedSample], size: int, committed: set[str], failed: set[int]
+) -> list:
     """Commit groups still to do, each as it was in the first attempt (same batches).
 
     `failed` holds the lines that failed at capture in an earlier attempt.
@@ -120,7 +122,7 @@ def groups_to_do(good: list[Good], size: int, committed: set[str], failed: set[i
     return todo
 
 
-def batches(group: list[Good], batch_size: int) -> list[list[int]]:
+def batches(group: list[TokenizedSample], batch_size: int) -> list[list[int]]:
     """Indices of a group's samples in batches, longest first (ties in group order)."""
     order = sorted(range(len(group)), key=lambda i: (-len(group[i].input_ids), i))
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -226,7 +228,9 @@ def place_store(work_store, work_errors, out_store, errors_csv, errors, sources)
     work_errors.unlink()
 
 
-def count_cuts(outcome: Outcome, good: list[Good], errors: dict, max_tokens: int) -> None:
+def count_cuts(
+    outcome: Outcome, good: list[TokenizedSample], errors: dict, max_tokens: int
+) -> None:
     """Count (and log) the stored samples that were cut at dataset.max_tokens."""
     cut = [g for g in good if g.full_length > len(g.input_ids) and g.line not in errors]
     outcome.truncated = len(cut)

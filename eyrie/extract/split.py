@@ -38,7 +38,9 @@ class Record:
 
 
 @dataclass
-class Good:
+class TokenizedSample:
+    """A split line whose conversation tokenized: what extraction runs through the target."""
+
     line: int
     sample_id: str
     input_ids: np.ndarray
@@ -102,7 +104,9 @@ def resolve_aux_layer_ids(configured, num_layers: int) -> list[int]:
     return [int(i) for i in ids]
 
 
-def tokenize(tokenizer, members: list[Record], max_tokens: int) -> tuple[list[Good], dict]:
+def tokenize(
+    tokenizer, members: list[Record], max_tokens: int
+) -> tuple[list[TokenizedSample], dict]:
     """The members that tokenize cleanly, and line -> (sample_id, reason, detail) of the rest."""
     good, errors = [], {}
     for rec in members:
@@ -114,5 +118,7 @@ def tokenize(tokenizer, members: list[Record], max_tokens: int) -> tuple[list[Go
         except SampleError as exc:
             errors[rec.line] = (rec.sample_id, exc.reason, exc.detail)
             continue
-        good.append(Good(rec.line, rec.sample_id, t.input_ids, t.loss_mask, t.full_length))
+        good.append(
+            TokenizedSample(rec.line, rec.sample_id, t.input_ids, t.loss_mask, t.full_length)
+        )
     return good, errors

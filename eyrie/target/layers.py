@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 from eyrie.common.errors import EyrieError
@@ -50,6 +51,18 @@ def check_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
             raise AuxLayerError(f"aux layer id {i} appears twice in {ids}; fix {KEY}")
         seen.add(i)
     return ids
+
+
+def hidden_state(output, error: type[Exception]) -> torch.Tensor:
+    """What a hook on a decoder layer or the final norm sees: the hidden state itself, or a
+    tuple whose first element is it (transformers' layers return either, by version). Anything
+    else raises ``error``, the caller's own class, so extraction and the decoding loop each
+    fail in their own terms."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise error(f"a hooked module returned {type(output).__name__}, not a hidden state")
 
 
 def num_hidden_layers(config) -> int | None:

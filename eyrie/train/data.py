@@ -48,9 +48,9 @@ class GlobalBatches:
 
     def global_batch(self, step: int) -> list[int]:
         n, bs = len(self.lengths), self.bs
-        spe = self.steps_per_epoch(n, bs)
-        epoch, i = divmod(step, spe)
-        perm = torch.randperm(n, generator=seeded(self.seed, epoch))[: spe * bs]
+        steps_per_epoch = self.steps_per_epoch(n, bs)
+        epoch, i = divmod(step, steps_per_epoch)
+        perm = torch.randperm(n, generator=seeded(self.seed, epoch))[: steps_per_epoch * bs]
         group, within = divmod(i, self.bucket)
         chunk = perm[group * self.bucket * bs : (group + 1) * self.bucket * bs]
         chunk = chunk[torch.argsort(self.lengths[chunk], stable=True)]

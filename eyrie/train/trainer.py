@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 class Setup:
     """Everything a run needs, checked for agreement before any step is taken."""
 
-    d: Dist
+    dist: Dist
     device: torch.device
     dtype: torch.dtype | None
     settings: dict
@@ -94,7 +94,7 @@ class Setup:
 def build(train_stores, heldout_stores, target_dir, vocab_path, settings: dict) -> Setup:
     """Check stores, target and vocabulary against each other; build the drafter and head."""
     s = settings
-    d, device = setup_processes(s["device"])
+    dist, device = setup_processes(s["device"])
     dtype = compute_dtype(s["precision"], device)
 
     train_id, held_id = store_identity(train_stores), store_identity(heldout_stores)
@@ -122,7 +122,7 @@ def build(train_stores, heldout_stores, target_dir, vocab_path, settings: dict) 
         model.init_head_from_target(lm_head, norm)
     if s["attn_init"] == "self":
         model.init_attention_to_self()
-    return Setup(d, device, dtype, s, model.to(device), head, aux_ids, target_cfg, train_id)
+    return Setup(dist, device, dtype, s, model.to(device), head, aux_ids, target_cfg, train_id)
 
 
 def train(
@@ -142,25 +142,25 @@ def train(
     s = settings_with_defaults(settings)
     out, work = Path(out_dir), Path(work_dir or Path(out_dir) / "work")
     run = build(train_stores, heldout_stores, target_dir, vocab_path, s)
-    d, model = run.d, run.model
-    log.info("process %d of %d on %s", d.rank, d.world, run.device)
+    dist, model = run.dist, run.model
+    log.info("process %d of %d on %s", dist.rank, dist.world, run.device)
 
     train_ds = ShardDataset(list(train_stores))
-    spe = GlobalBatches.steps_per_epoch(len(train_ds), int(s["batch_size"]))
-    total = int(s["max_steps"] or int(s["epochs"]) * spe)
+    steps_per_epoch = GlobalBatches.steps_per_epoch(len(train_ds), int(s["batch_size"]))
+    total = int(s["max_steps"] or int(s["epochs"]) * steps_per_epoch)
     opt = make_optimizer(model, s)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lr_lambda(int(s["warmup_steps"]), total, float(s["min_lr_ratio"]))
     )
 
     identity = run_identity(s, model.config, run.train_identity, vocab_path, target_dir)
-    resume = prepare_work(work, identity) if d.main else None
-    d.barrier()
-    if not d.main:  # rank 0 has removed stale checkpoints: the newest one left is the one
+    resume = prepare_work(work, identity) if dist.main else None
+    dist.barrier()
+    if not dist.main:  # rank 0 has removed stale checkpoints: the newest one left is the one
         found = checkpoints(work)
         resume = found[-1] if found else None
     start = load_checkpoint(resume, model, opt, sched, run.device) if resume else 0
-    if d.main:
+    if dist.main:
         truncate_metrics(work / "metrics.csv", start, metric_columns(int(s["ttt_steps"])))
         log.info("training %d steps from step %d (%s)", total, start, resume or "fresh start")
 
@@ -170,7 +170,7 @@ def train(
         int(s["seed"]),
         start,
         total,
-        d,
+        dist,
     )
     loader = DataLoader(
         train_ds,
@@ -179,17 +179,19 @@ def train(
         num_workers=int(s["num_workers"]),
         pin_memory=run.device.type == "cuda",
     )
-    elapsed, tokens = loop(run, loader, opt, sched, start, total, spe, work, identity, progress)
+    elapsed, tokens = loop(
+        run, loader, opt, sched, start, total, steps_per_epoch, work, identity, progress
+    )
 
     held = None
     if heldout_stores:
         held = evaluate(
-            model, run.head, ShardDataset(list(heldout_stores)), s, run.device, run.dtype, d
+            model, run.head, ShardDataset(list(heldout_stores)), s, run.device, run.dtype, dist
         )
-    if d.main:
+    if dist.main:
         write_outputs(run, out, work, total, identity, held, target_dir, vocab_path)
         finish_work(work)
-    d.barrier()
+    dist.barrier()
     return {
         "steps": total,
         "resumed_from": start,
@@ -198,30 +200,30 @@ def train(
     }
 
 
-def loop(run: Setup, loader, opt, sched, start, total, spe, work, identity, progress):
+def loop(run: Setup, loader, opt, sched, start, total, steps_per_epoch, work, identity, progress):
     """The optimizer steps from ``start`` to ``total``; returns (seconds, tokens trained on)."""
     from torch.nn.parallel import DistributedDataParallel
 
     from eyrie.common.progress import bar as progress_bar
 
-    s, d, model, K = run.settings, run.d, run.model, int(run.settings["ttt_steps"])
+    s, dist, model, K = run.settings, run.dist, run.model, int(run.settings["ttt_steps"])
     ddp = model
-    if d.world > 1:
+    if dist.world > 1:
         ids = [run.device.index] if run.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=ids)
     weights = float(s["step_weight"]) ** torch.arange(K, dtype=torch.float64)
-    f = open(work / "metrics.csv", "a", newline="") if d.main else None
+    f = open(work / "metrics.csv", "a", newline="") if dist.main else None
     writer = csv.DictWriter(f, fieldnames=metric_columns(K)) if f else None
     bar = progress_bar(
-        total=total, initial=start, desc="train", unit="step", disable=not (progress and d.main)
+        total=total, initial=start, desc="train", unit="step", disable=not (progress and dist.main)
     )
     t0, tokens = time.time(), 0
     try:
         for step, batch in zip(range(start, total), loader, strict=False):
             batch = to_device(batch, run.device, run.dtype)
-            counts = d.sum(step_counts(batch["loss_mask"], K).to(run.device)).cpu()
+            counts = dist.sum(step_counts(batch["loss_mask"], K).to(run.device)).cpu()
             terms = forward_batch(ddp, run.head, batch, K, run.dtype, model.d2t, s["loss"])
-            loss = weighted_loss(terms["ce"], counts, float(s["step_weight"]), d.world)
+            loss = weighted_loss(terms["ce"], counts, float(s["step_weight"]), dist.world)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(s["grad_clip"]))
@@ -231,14 +233,14 @@ def loop(run: Setup, loader, opt, sched, start, total, spe, work, identity, prog
 
             real = batch["lengths"].sum().double().view(1).cpu()
             stats = torch.cat([terms["ce"].detach().double().cpu(), terms["correct"].cpu(), real])
-            stats = d.sum(stats.to(run.device)).cpu()
+            stats = dist.sum(stats.to(run.device)).cpu()
             step_loss = stats[:K] / counts.clamp(min=1)
             step_acc = stats[K : 2 * K] / counts.clamp(min=1)
             tokens += int(stats[-1])
             if writer:
                 row = {
                     "step": step + 1,
-                    "epoch": step // spe,
+                    "epoch": step // steps_per_epoch,
                     "lr": f"{lr:.6g}",
                     "loss": f"{float((weights * step_loss).sum()):.6f}",
                     "grad_norm": f"{float(grad_norm):.6f}",
@@ -252,10 +254,10 @@ def loop(run: Setup, loader, opt, sched, start, total, spe, work, identity, prog
                 bar.set_postfix(loss=row["loss"], acc0=row["acc_0"], refresh=False)
             bar.update(1)
             if (step + 1) % int(s["checkpoint_every"]) == 0 or step + 1 == total:
-                if d.main:
+                if dist.main:
                     keep = int(s["keep_checkpoints"])
                     save_checkpoint(work, step + 1, model, opt, sched, identity, keep)
-                d.barrier()
+                dist.barrier()
     finally:
         bar.close()
         if f:

@@ -2,13 +2,16 @@
 tokens/s, peak host memory, and the disk its outputs take; plus Snakemake's bookkeeping.
 
     python benchmarks/stage_costs.py RESULTS [--snakemake-dir .snakemake] [--json OUT]
+    python benchmarks/stage_costs.py --compare costs-A.json costs-B.json ...
 
 Wall time and peak memory (max RSS) come from each job's `benchmark:` file
 (RESULTS/benchmarks/**.tsv, summed over a rule's jobs; the peak is the largest job's). Tokens:
 the stored tokens (validate/summary.csv) for extract and validate_shard, the tokens trained on
 (train/metrics.csv, every epoch) for train_drafter. Disk: the bytes under each stage's output
 folder. GPU memory and open files are not in these records; a run that needs them samples them
-while it runs. Issue 41's rehearsal compares these per-token costs across run sizes.
+while it runs (scripts/gpu_rehearsal.sh adds them to the JSON). --compare sets runs of several
+sizes side by side: each stage's seconds per million stored tokens, and its largest over its
+smallest across sizes (flat within 1.2 is the rehearsal's bar).
 """
 
 from __future__ import annotations
@@ -99,13 +102,47 @@ def table(costs: dict) -> str:
     return "\n".join(lines)
 
 
+def compare(runs: list[dict]) -> str:
+    """Stage × size: seconds per million stored tokens, and max ÷ min across the sizes."""
+
+    def stored(run):
+        return next((r["tokens"] for r in run["stages"] if r["stage"] == "extract"), None) or 0
+
+    runs = sorted(runs, key=stored)
+    head = " | ".join(f"{stored(r):,} tokens" for r in runs)
+    lines = [f"| stage (s per M tokens) | {head} | max ÷ min |",
+             "|---|" + "---|" * (len(runs) + 1)]  # fmt: skip
+    stages = sorted({r["stage"] for run in runs for r in run["stages"]})
+    for stage in stages:
+        per = []
+        for run in runs:
+            row = next((r for r in run["stages"] if r["stage"] == stage), None)
+            per.append(row["seconds"] / stored(run) * 1e6 if row and stored(run) else None)
+        known = [v for v in per if v]
+        spread = max(known) / min(known) if len(known) > 1 else None
+        flag = " **over 1.2**" if spread and spread > 1.2 else ""
+        cells = " | ".join("-" if v is None else f"{v:,.1f}" for v in per)
+        lines.append(f"| {stage} | {cells} | {'-' if spread is None else f'{spread:.2f}'}{flag} |")
+    for key, unit, scale in (("peak_gpu_mib", "MiB", 1), ("peak_open_files", "", 1),
+                             ("results_bytes", "MB", 1e-6),
+                             ("snakemake_bookkeeping_bytes", "MB", 1e-6)):  # fmt: skip
+        vals = [r.get(key) for r in runs]
+        cells = " | ".join("-" if v is None else f"{v * scale:,.2f} {unit}".strip() for v in vals)
+        lines.append(f"| {key} | {cells} | |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path)
+    ap.add_argument("results", type=Path, nargs="?")
     ap.add_argument("--snakemake-dir", type=Path, help="the run's .snakemake folder")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
+    ap.add_argument("--compare", type=Path, nargs="+", help="costs JSONs of runs of several sizes")
     args = ap.parse_args(argv)
-    if not (args.results / "benchmarks").is_dir():
+    if args.compare:
+        print(compare([json.loads(p.read_text()) for p in args.compare]))
+        return 0
+    if args.results is None or not (args.results / "benchmarks").is_dir():
         print(f"error: {args.results}/benchmarks is not there; give a run's results folder",
               file=sys.stderr)  # fmt: skip
         return 2

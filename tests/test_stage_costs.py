@@ -45,3 +45,32 @@ def test_costs_sum_a_rules_jobs_and_divide_by_its_tokens(tmp_path):
     assert rows["train_drafter"]["tokens_per_s"] == 150.0  # 3,000 tokens trained in 20 s
     assert "evaluate_speculate" in rows and rows["evaluate_speculate"]["tokens"] is None
     assert "| extract | 3 | 50.0 | 1,000 | 20 | 1200 | 2.0 |" in sc.table(sc.stage_costs(r))
+
+
+def test_compare_gives_seconds_per_million_tokens_and_flags_growth():
+    def run(tokens, extract_s, train_s):
+        rows = [("extract", extract_s), ("train_drafter", train_s)]
+        return {"stages": [{"stage": n, "seconds": s, "tokens": tokens} for n, s in rows]}
+
+    out = sc.compare([run(2_000_000, 40.0, 100.0), run(1_000_000, 20.0, 40.0)])
+    assert "| 1,000,000 tokens | 2,000,000 tokens |" in out  # smallest first
+    assert "| extract | 20.0 | 20.0 | 1.00 |" in out  # seconds per million tokens
+    assert "| train_drafter | 40.0 | 50.0 | 1.25 **over 1.2** |" in out
+
+
+def test_rehearsal_conversations_reach_the_tokens_within_the_sample_limit(tmp_path):
+    import json
+
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.spec_from_file_location("ri", ROOT / "benchmarks" / "rehearsal_inputs.py")
+    ri = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ri)
+    toy = ROOT / "models" / "toy-llama"
+    rec = ri.conversations(toy, 9000, 600, tmp_path / "c.jsonl")
+    tok = AutoTokenizer.from_pretrained(toy)
+    rows = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    sizes = [len(tok(tok.apply_chat_template(r["messages"], tokenize=False),
+                     add_special_tokens=False)["input_ids"]) for r in rows]  # fmt: skip
+    assert rec["samples"] == len(rows) == len({r["id"] for r in rows})
+    assert max(sizes) <= 600 and sum(sizes) == rec["tokens"] >= 9000

@@ -48,12 +48,13 @@ KILLED_WHILE_DELETING = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def extracted(tmp_path_factory) -> Workflow:
-    """One train shard extracted and validated by the workflow of tests/configs/small.yaml."""
-    wf = Workflow.scratch(tmp_path_factory.mktemp("half") / "wd", CONFIGS / "small.yaml")
-    wf.run("--cores", "1", REPORT, timeout=900)
-    assert _own_errors(wf) == {}
-    return wf
+def extracted(small_run) -> Workflow:
+    """The train shard extracted and validated by the workflow of tests/configs/small.yaml: the
+    session's complete run of it (tests/conftest.py, shared with tests/test_reruns.py; each
+    test here works on a copy, and runs and plans only for REPORT)."""
+    assert small_run.configfiles == [(CONFIGS / "small.yaml").resolve()]
+    assert _own_errors(small_run) == {}
+    return small_run
 
 
 @pytest.fixture

@@ -210,7 +210,10 @@ def test_a_run_on_mtbench_questions_regenerates_extracts_and_validates_them(tmp_
     wf = Workflow.scratch(
         tmp_path / "wd", CONFIGS / "small.yaml",
         # 256 tokens: room for both turns (no answer is asked past dataset.max_tokens)
-        {"dataset": {"heldout": "data/question.jsonl", "max_tokens": 256}, "regenerate": regen},
+        {"dataset": {"heldout": "data/question.jsonl", "max_tokens": 256}, "regenerate": regen,
+         # one shard per split: 4 jobs fewer (sharding is tests/test_reruns.py's and
+         # tests/test_slurm.py's; here it is what prompts-only data goes through)
+         "extract": {"shards": 1}},
     )  # fmt: skip
     questions = [dict(q, question_id=q["question_id"] + k) for k in (0, 1) for q in QUESTIONS]
     write(wf.path("data/question.jsonl"), questions)

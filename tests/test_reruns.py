@@ -74,14 +74,11 @@ def _arrays(store: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory, request) -> Workflow:
-    wf = Workflow.scratch(tmp_path_factory.mktemp("reruns") / "base", CONFIGS / "small.yaml")
-    start = time.monotonic()
-    wf.run(timeout=900)
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled():
-        print(f"\n[test_reruns] baseline run took {time.monotonic() - start:.0f} s")
-    return wf
+def baseline(small_run) -> Workflow:
+    """The complete run of tests/configs/small.yaml (tests/conftest.py; shared with
+    tests/test_extract_rerun.py, which also works on copies of it)."""
+    assert small_run.configfiles == [(CONFIGS / "small.yaml").resolve()]
+    return small_run
 
 
 @pytest.fixture

@@ -225,6 +225,9 @@ def test_default_workflow_through_slurm(cluster, tmp_path, capsys):
     assert sum(j.rule == "extract" for j in planned) == 4, "2 splits x 2 shards"
     assert GPU_RULES <= {j.rule for j in planned}
 
+    # the plugin's queries for job states at most 1 s apart (tests/slurm/fast_poll.py): it
+    # would wait up to ~20 s to see each step of the DAG end
+    wf.main = (str(REPO / "tests" / "slurm" / "fast_poll.py"),)
     start = time.monotonic()
     log = wf.run(*CI_FLAGS, profile="slurm", timeout=540)
     took = time.monotonic() - start

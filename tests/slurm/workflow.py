@@ -94,6 +94,8 @@ class Workflow:
     root: Path
     configfiles: list[Path]
     env: dict[str, str] | None = None
+    # how Python starts Snakemake: its module, or a script that adjusts it first (fast_poll.py)
+    main: tuple[str, ...] = ("-m", "snakemake")
 
     @classmethod
     def scratch(cls, root: Path, *configs: Path | dict) -> Workflow:
@@ -116,11 +118,11 @@ class Workflow:
         """The same folder with one more config layer (written as name.yaml)."""
         path = self.root / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        return Workflow(self.root, [*self.configfiles, path], self.env)
+        return Workflow(self.root, [*self.configfiles, path], self.env, self.main)
 
     def command(self, *args: str, profile: str = "local") -> list[str]:
         return [
-            sys.executable, "-m", "snakemake",
+            sys.executable, *self.main,
             "--snakefile", str(REPO / "Snakefile"),
             "--directory", str(self.root),
             "--profile", str(REPO / "profiles" / profile),

@@ -65,19 +65,21 @@ def conversations(target: Path, tokens: float, max_tokens: int, out: Path) -> di
 
     shipped = [json.loads(line) for line in CHAT.read_text(encoding="utf-8").split("\n") if line]
     sizes = [size(r["messages"]) for r in shipped]  # a joined sample renders about their sum
-    written, samples, parts, estimate, walk = 0, 0, [], 0, 0
+    written, samples, parts, walk = 0, 0, [], 0  # parts: (messages, rendered size) to join
     with open(out, "w", encoding="utf-8") as f:
 
-        def flush(parts: list[list[dict]]) -> list[list[dict]]:
+        def flush(parts: list[tuple[list[dict], int]]) -> list[tuple[list[dict], int]]:
             """Write the longest head of ``parts`` that renders within max_tokens; the rest
             starts the next sample."""
             nonlocal written, samples
             keep = len(parts)
-            while keep > 1 and size([m for p in parts[:keep] for m in p]) > max_tokens:
+            n = size([m for p, _ in parts for m in p])
+            while keep > 1 and n > max_tokens:
                 keep -= 1
-            messages = [m for p in parts[:keep] for m in p]
+                n = size([m for p, _ in parts[:keep] for m in p])
+            messages = [m for p, _ in parts[:keep] for m in p]
             f.write(json.dumps({"id": f"long-{samples:07d}", "messages": messages}) + "\n")
-            written, samples = written + size(messages), samples + 1
+            written, samples = written + n, samples + 1
             return parts[keep:]
 
         while written < tokens:
@@ -85,13 +87,11 @@ def conversations(target: Path, tokens: float, max_tokens: int, out: Path) -> di
             for rec, n in zip(shipped, sizes, strict=True):
                 if n > max_tokens:
                     continue  # longer alone than a sample may be
-                if parts and estimate + n > max_tokens:
+                if parts and sum(k for _, k in parts) + n > max_tokens:
                     parts = flush(parts)
-                    estimate = sum(size(p) for p in parts)
                     if written >= tokens:
                         break
-                parts.append(rec["messages"])
-                estimate += n
+                parts.append((rec["messages"], n))
     return {"samples": samples, "tokens": written, "walks": walk, "out": str(out)}
 
 

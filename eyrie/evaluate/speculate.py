@@ -370,6 +370,10 @@ def load_pair(target_dir, drafter_dir, device, dtype: str = "float32", architect
         raise SpeculateError(f"evaluate.dtype {dtype!r} is not one of {sorted(DTYPES)}")
     model, _ = load_model(target_dir, device, architecture)
     model = model.to(device, DTYPES[dtype])
+    if torch.device(device).type == "cuda":
+        # cuDNN's attention plans each new key length on the host, and batch-1 decoding meets a
+        # new one every step (benchmarks/RESULTS.md, "The transformers loop on the H200")
+        torch.backends.cuda.enable_cudnn_sdp(False)
     drafter, meta = load_drafter(drafter_dir, device)
     drafter = drafter.to(dtype=DTYPES[dtype])
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from eyrie.train.checkpoint import unwrap
 from eyrie.train.data import Pad, sample_lengths, to_device
 from eyrie.train.distributed import Dist
-from eyrie.train.loss import forward_batch, step_counts
+from eyrie.train.method import heldout_terms, positions
 
 
 @torch.no_grad()
@@ -23,7 +23,7 @@ def evaluate(model, head, dataset, settings: dict, device, dtype, d: Dist) -> di
     drafts of steps 0..k are all right: the chance that k+1 drafted tokens are accepted.
     """
     model.eval()
-    steps = settings["ttt_steps"]
+    steps = positions(settings)
     lengths = sample_lengths(dataset.paths, settings["max_len"])
     mine = sorted(range(d.rank, len(dataset), d.world), key=lambda i: lengths[i])
     bs = max(1, settings["batch_size"] // d.world)
@@ -37,9 +37,8 @@ def evaluate(model, head, dataset, settings: dict, device, dtype, d: Dist) -> di
     sums = torch.zeros(4 * steps + 2, dtype=torch.float64)
     for batch in loader:
         batch = to_device(batch, device, dtype)
-        t = forward_batch(inner, head, batch, steps, dtype, inner.d2t, settings["loss"])
-        counts = step_counts(batch["loss_mask"], steps)
-        parts = [t["ce"].double(), t["correct"], t["chain"], counts, t["chain_starts"].view(1)]
+        t = heldout_terms(inner, head, batch, settings, dtype)
+        parts = [t["ce"].double(), t["correct"], t["chain"], t["counts"], t["chain_starts"].view(1)]
         parts.append(torch.tensor([len(batch["input_ids"])], dtype=torch.float64))
         sums += torch.cat([x.cpu() for x in parts])
     sums = d.sum(sums.to(device)).cpu()

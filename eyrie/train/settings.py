@@ -22,10 +22,13 @@ class TrainError(EyrieError, RuntimeError):
 
 def _schema_defaults() -> dict:
     train = schema()["properties"]["train"]["properties"]
-    return {key: copy.deepcopy(sub["default"]) for key, sub in train.items()}
+    out = {key: copy.deepcopy(sub["default"]) for key, sub in train.items()}
+    out["dflash"] = {k: v["default"] for k, v in train["dflash"]["properties"].items()}
+    return out
 
 
 DEFAULTS = _schema_defaults()
+NESTED = ("dflash",)  # sections whose keys are filled one by one
 
 
 def settings_with_defaults(settings: dict | None) -> dict:
@@ -34,5 +37,5 @@ def settings_with_defaults(settings: dict | None) -> dict:
     for key, value in (settings or {}).items():
         if key not in DEFAULTS:
             raise TrainError(f"train.{key} is not a training setting; known: {sorted(DEFAULTS)}")
-        out[key] = value
+        out[key] = {**out[key], **(value or {})} if key in NESTED else value
     return out

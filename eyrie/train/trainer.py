@@ -61,14 +61,9 @@ from eyrie.train.data import (
 )
 from eyrie.train.distributed import Dist, compute_dtype, setup_processes
 from eyrie.train.heldout import evaluate
-from eyrie.train.loss import forward_batch, step_counts, weighted_loss
-from eyrie.train.model import (
-    Drafter,
-    DrafterConfig,
-    TargetHead,
-    read_target_norm,
-    read_target_tensors,
-)
+from eyrie.train.loss import weighted_loss
+from eyrie.train.method import batch_terms, build_model, position_weight, positions
+from eyrie.train.model import TargetHead, read_target_tensors
 from eyrie.train.optim import lr_lambda, make_optimizer
 from eyrie.train.settings import TrainError, settings_with_defaults
 from eyrie.train.vocab import load as load_vocab
@@ -84,7 +79,7 @@ class Setup:
     device: torch.device
     dtype: torch.dtype | None
     settings: dict
-    model: Drafter
+    model: torch.nn.Module  # Drafter or DFlashDrafter (train.method)
     head: TargetHead
     aux_ids: list[int]
     target_cfg: dict
@@ -101,27 +96,18 @@ def build(train_stores, heldout_stores, target_dir, vocab_path, settings: dict) 
     target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
     aux_ids = check_stores(train_id + held_id, target_cfg, "train/heldout")
     vocab = load_vocab(vocab_path)
-    cfg = DrafterConfig.from_target(
-        target_cfg, num_aux=len(aux_ids), draft_vocab_size=vocab.size, overrides=s["drafter"]
-    )
-    if vocab.vocab_size != cfg.vocab_size:
+    target_vocab = int(text_config(target_cfg)["vocab_size"])
+    if vocab.vocab_size != target_vocab:
         raise TrainError(
             f"{vocab_path} is for a vocabulary of {vocab.vocab_size} tokens but the target has "
-            f"{cfg.vocab_size}; rebuild the draft vocabulary for this target"
+            f"{target_vocab}; rebuild the draft vocabulary for this target"
         )
     embed, lm_head, _ = read_target_tensors(target_dir)
     head_dtype = torch.bfloat16 if dtype is not None else torch.float32
     head = TargetHead(
         embed.to(device, head_dtype), lm_head.to(device, head_dtype), vocab.draft_tokens.to(device)
     )
-    torch.manual_seed(int(s["seed"]))
-    model = Drafter(cfg)
-    model.set_vocab(vocab.d2t, vocab.t2d)
-    if s["init_lm_head"] != "random":  # the target's output space (Drafter.init_head_from_target)
-        norm = read_target_norm(target_dir) if s["init_lm_head"] == "target" else None
-        model.init_head_from_target(lm_head, norm)
-    if s["attn_init"] == "self":
-        model.init_attention_to_self()
+    model = build_model(s, target_cfg, aux_ids, vocab, lm_head, target_dir)
     return Setup(dist, device, dtype, s, model.to(device), head, aux_ids, target_cfg, train_id)
 
 
@@ -161,7 +147,7 @@ def train(
         resume = found[-1] if found else None
     start = load_checkpoint(resume, model, opt, sched, run.device) if resume else 0
     if dist.main:
-        truncate_metrics(work / "metrics.csv", start, metric_columns(int(s["ttt_steps"])))
+        truncate_metrics(work / "metrics.csv", start, metric_columns(positions(s)))
         log.info("training %d steps from step %d (%s)", total, start, resume or "fresh start")
 
     batches = GlobalBatches(
@@ -206,12 +192,13 @@ def loop(run: Setup, loader, opt, sched, start, total, steps_per_epoch, work, id
 
     from eyrie.common.progress import bar as progress_bar
 
-    s, dist, model, K = run.settings, run.dist, run.model, int(run.settings["ttt_steps"])
+    s, dist, model, K = run.settings, run.dist, run.model, positions(run.settings)
     ddp = model
     if dist.world > 1:
         ids = [run.device.index] if run.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=ids)
-    weights = float(s["step_weight"]) ** torch.arange(K, dtype=torch.float64)
+    weight = position_weight(s)
+    weights = weight ** torch.arange(K, dtype=torch.float64)
     f = open(work / "metrics.csv", "a", newline="") if dist.main else None
     writer = csv.DictWriter(f, fieldnames=metric_columns(K)) if f else None
     bar = progress_bar(
@@ -221,9 +208,9 @@ def loop(run: Setup, loader, opt, sched, start, total, steps_per_epoch, work, id
     try:
         for step, batch in zip(range(start, total), loader, strict=False):
             batch = to_device(batch, run.device, run.dtype)
-            counts = dist.sum(step_counts(batch["loss_mask"], K).to(run.device)).cpu()
-            terms = forward_batch(ddp, run.head, batch, K, run.dtype, model.d2t, s["loss"])
-            loss = weighted_loss(terms["ce"], counts, float(s["step_weight"]), dist.world)
+            terms = batch_terms(ddp, model, run.head, batch, s, run.dtype, (step, dist.rank))
+            counts = dist.sum(terms["counts"].double()).cpu()
+            loss = weighted_loss(terms["ce"], counts, weight, dist.world)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(s["grad_clip"]))
@@ -272,7 +259,7 @@ def write_outputs(run: Setup, out: Path, work: Path, total, identity, held, targ
     drafter_dir = out / "drafter"
     with atomic.atomic_path(drafter_dir / "model.safetensors") as tmp:
         save_file(state_dict_cpu(run.model), str(tmp))
-    K = int(run.settings["ttt_steps"])
+    K = positions(run.settings)
     atomic.write_json(
         out / "heldout.json", {"ttt_steps": K, "checkpoint_step": total, **(held or {})}
     )
@@ -296,6 +283,7 @@ def write_outputs(run: Setup, out: Path, work: Path, total, identity, held, targ
         {
             "format": "eyrie-drafter",
             "version": 1,
+            "method": run.settings["method"],
             "config": run.model.config.to_dict(),
             "aux_layer_ids": run.aux_ids,
             "layer_convention": "output",

@@ -1,0 +1,86 @@
+"""What DFlash is trained on: anchors, each block slot's label, and the per-slot sums.
+
+A block anchored at position a holds x_a and B-1 mask tokens. Slot k (1..B-1) is scored against
+the target's greedy token at position a+k, which the store holds as the argmax of the target's
+head over final_hidden[a+k-1], when token a+k is a loss-mask (answer) token. Slot 0 is x_a
+itself and is never scored. An anchor is eligible when x_a and x_{a+1} are answer tokens and a
+context row comes before it: at serving, every verified answer token starts a block.
+
+The sums come per slot, as the EAGLE-3 unroll's come per step (eyrie/train/loss.py): slot k+1
+fills column k, and the loop weighs column k by step_weight ** k (exp(-k / gamma)).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from eyrie.train.dflash import draft_logits
+
+
+def eligible(loss_mask: torch.Tensor) -> torch.Tensor:
+    """(b, T) bool: positions that may anchor a block."""
+    ok = torch.zeros_like(loss_mask, dtype=torch.bool)
+    ok[:, 1:-1] = loss_mask[:, 1:-1].bool() & loss_mask[:, 2:].bool()
+    return ok
+
+
+def sample_anchors(ok: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Up to ``n`` eligible anchors per row, drawn without replacement, ascending; -1 pads."""
+    scores = torch.rand(ok.shape, generator=generator).to(ok.device)
+    scores = scores.masked_fill(~ok, -1.0)
+    n = min(n, ok.shape[1])
+    top, idx = scores.topk(n, dim=1)
+    idx = idx.masked_fill(top < 0, ok.shape[1])  # past the end: sorted last, then -1
+    idx = idx.sort(dim=1).values
+    return idx.masked_fill(idx >= ok.shape[1], -1)
+
+
+def every_anchor(ok: torch.Tensor) -> torch.Tensor:
+    """All eligible anchors of each row, ascending; -1 pads rows with fewer."""
+    n = int(ok.sum(1).max()) if ok.numel() else 0
+    pos = torch.arange(ok.shape[1], device=ok.device).expand_as(ok)
+    key = torch.where(ok, pos, ok.shape[1])
+    idx = key.sort(dim=1).values[:, : max(n, 1)]
+    return idx.masked_fill(idx >= ok.shape[1], -1)
+
+
+def slot_labels(greedy, loss_mask, anchors, block_size: int) -> tuple:
+    """(label, scored), each (b, N, B-1): slot k+1's target token and whether it counts."""
+    T = greedy.shape[1]
+    at = anchors[..., None] + torch.arange(1, block_size, device=anchors.device)  # a+k
+    inside = (anchors[..., None] >= 0) & (at < T)
+    at_c = at.clamp(0, T - 1)
+    label = greedy.gather(1, (at_c - 1).clamp(min=0).flatten(1)).view(at.shape)
+    scored = inside & loss_mask.bool().gather(1, at_c.flatten(1)).view(at.shape)
+    return label, scored
+
+
+@torch.no_grad()
+def target_greedy(lm_head: torch.Tensor, final: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """The target's greedy next token at every position of ``final`` (b, T, H): (b, T)."""
+    flat = final.reshape(-1, final.shape[-1]).to(lm_head.dtype)
+    out = [(flat[s : s + chunk] @ lm_head.T).argmax(-1) for s in range(0, len(flat), chunk)]
+    return torch.cat(out).view(final.shape[:-1]) if out else final.new_zeros(0, dtype=torch.long)
+
+
+def block_terms(model, head, batch: dict, anchors: torch.Tensor, dtype) -> dict:
+    """Per-slot sums of one batch at ``anchors``: ce, correct, chain, chain_starts, counts."""
+    greedy = target_greedy(head.lm_head, batch["final_hidden"])
+    B = model.config.block_size
+    with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None):
+        hidden = model(batch["aux_hidden"], batch["input_ids"], anchors, head.embed)
+    logits = draft_logits(hidden, head.lm_head).float()
+    label, scored = slot_labels(greedy, batch["loss_mask"], anchors, B)
+    ce = F.cross_entropy(logits.flatten(0, -2), label.flatten(), reduction="none")
+    ce = ce.view(label.shape) * scored
+    hit = (logits.argmax(-1) == label) & scored
+    run = hit.long().cumprod(-1).bool()  # slots 1..k+1 all right: a chain of k+1 drafts accepted
+    return {
+        "ce": ce.sum((0, 1)),
+        "correct": hit.sum((0, 1)).double(),
+        "chain": run.sum((0, 1)).double(),
+        "chain_starts": scored[..., 0].sum().double(),
+        "counts": scored.sum((0, 1)).double(),
+        "accepted": run.sum(-1),  # per anchor: drafts a greedy verifier would accept
+    }

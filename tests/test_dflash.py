@@ -1,0 +1,190 @@
+"""DFlash: the batched multi-anchor forward against a block decoded the way SGLang serves it,
+the labels of each slot, and a short training run on real stores."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+from test_train import read_metrics
+from test_train_setup import make_setup, tiny_settings
+
+from eyrie.train.dflash import DFlashConfig, DFlashDrafter, draft_logits
+from eyrie.train.dflash_loss import eligible, every_anchor, sample_anchors, slot_labels
+from eyrie.train.trainer import train
+
+H, K, V, B = 32, 3, 50, 4
+
+
+def tiny(layers=2) -> DFlashDrafter:
+    torch.manual_seed(0)
+    cfg = DFlashConfig(
+        hidden_size=H,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_hidden_layers=layers,
+        num_aux=K,
+        vocab_size=V,
+        block_size=B,
+        mask_token_id=7,
+        rope_theta=10000.0,
+    )
+    model = DFlashDrafter(cfg).double()
+    with torch.no_grad():  # norms away from 1, so that a skipped or misplaced norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def rms(x, w, eps):
+    return w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rope(x, pos, theta):
+    """x (heads, d) at one position, rotate-half layout."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = torch.cat([pos * inv, pos * inv])
+    rot = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
+    return x * ang.cos() + rot * ang.sin()
+
+
+def served_block(model, aux, ids, a, embed):
+    """One block as SGLang's DFlash serves it: the context rows' keys and values cached token
+    by token (no input norm on them), then the block [x_a, M, ...] at a.. a+B-1 attending to
+    all cached rows and to all of its own slots. Loops and plain matmuls only."""
+    cfg, eps = model.config, model.config.rms_norm_eps
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    fused = [model.fc.weight @ aux[j].reshape(-1) for j in range(a)]
+    ctx = [rms(f, model.hidden_norm.weight, eps) for f in fused]
+    h = embed(torch.tensor([ids[a]] + [cfg.mask_token_id] * (B - 1)))
+    for layer in model.layers:
+        at = layer.self_attn
+
+        def kv(x, pos, at=at):
+            k = (at.k_proj.weight @ x).view(nkv, hd)
+            k = rope(rms(k, at.k_norm.weight, eps), pos, cfg.rope_theta)
+            return k, (at.v_proj.weight @ x).view(nkv, hd)
+
+        cached = [kv(c, j) for j, c in enumerate(ctx)]
+        x = [rms(h[i], layer.input_layernorm.weight, eps) for i in range(B)]
+        block = [kv(x[i], a + i) for i in range(B)]
+        keys = cached + block
+        out = []
+        for i in range(B):
+            q = rope(
+                rms((at.q_proj.weight @ x[i]).view(nh, hd), at.q_norm.weight, eps),
+                a + i,
+                cfg.rope_theta,
+            )
+            heads = []
+            for n in range(nh):
+                g = n // (nh // nkv)
+                s = torch.stack([q[n] @ k[g] for k, _ in keys]) / math.sqrt(hd)
+                p = torch.softmax(s, 0)
+                heads.append(sum(p[j] * keys[j][1][g] for j in range(len(keys))))
+            out.append(at.o_proj.weight @ torch.cat(heads))
+        h = h + torch.stack(out)
+        m = layer.mlp
+        y = rms(h, layer.post_attention_layernorm.weight, eps)
+        gated = torch.nn.functional.silu(y @ m.gate_proj.weight.T) * (y @ m.up_proj.weight.T)
+        h = h + gated @ m.down_proj.weight.T
+    return rms(h, model.norm.weight, eps)
+
+
+def test_batched_blocks_equal_the_served_block_and_see_only_their_context():
+    model = tiny()
+    T = 12
+    torch.manual_seed(1)
+    aux = torch.randn(1, T, K, H, dtype=torch.float64)
+    ids = torch.randint(0, V, (1, T))
+    table = torch.randn(V, H, dtype=torch.float64)
+
+    def embed(x):
+        return table[x]
+
+    anchors = torch.tensor([[2, 5, 9, -1]])
+    out = model(aux, ids, anchors, embed)
+    for n, a in enumerate([2, 5, 9]):
+        ref = served_block(model, aux[0], ids[0].tolist(), a, embed)
+        torch.testing.assert_close(out[0, n], ref, rtol=1e-9, atol=1e-9)
+    # a block alone gives what it gives among others; later context rows change nothing
+    alone = model(aux, ids, torch.tensor([[5]]), embed)
+    torch.testing.assert_close(alone[0, 0], out[0, 1])
+    later = aux.clone()
+    later[:, 5:] += torch.randn_like(later[:, 5:])
+    torch.testing.assert_close(model(later, ids, torch.tensor([[5]]), embed)[0, 0], out[0, 1])
+    # ...but an earlier one does, and so does the anchor's token
+    earlier = aux.clone()
+    earlier[:, 4] += 1.0
+    assert not torch.allclose(model(earlier, ids, torch.tensor([[5]]), embed)[0, 0], out[0, 1])
+
+
+def test_slot_k_is_scored_on_the_target_token_at_anchor_plus_k():
+    T = 10
+    greedy = torch.arange(100, 100 + T)[None]  # greedy[t]: the target's token at t + 1
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 0, 0]])
+    label, scored = slot_labels(greedy, mask, torch.tensor([[3, 6, -1]]), B)
+    # anchor 3: slots 1..3 are positions 4, 5, 6, predicted by the target at 3, 4, 5
+    assert label[0, 0].tolist() == [103, 104, 105] and scored[0, 0].tolist() == [True] * 3
+    # anchor 6: position 7 is an answer token, 8 and 9 are not
+    assert label[0, 1, 0] == 106 and scored[0, 1].tolist() == [True, False, False]
+    assert not scored[0, 2].any()
+    ok = eligible(mask)
+    assert ok[0].nonzero().flatten().tolist() == [3, 4, 5, 6]
+    assert every_anchor(ok).tolist() == [[3, 4, 5, 6]]
+    drawn = sample_anchors(ok, 3, torch.Generator().manual_seed(0))
+    assert drawn.shape == (1, 3) and set(drawn[0].tolist()) <= {3, 4, 5, 6}
+    assert drawn[0].tolist() == sorted(drawn[0].tolist())
+    padded = sample_anchors(ok, 6, torch.Generator().manual_seed(0))
+    assert padded[0].tolist()[:4] == [3, 4, 5, 6] and padded[0, 4:].tolist() == [-1, -1]
+
+
+def test_draft_logits_read_slots_after_the_first_through_the_target_head():
+    hidden = torch.randn(2, 3, B, H)
+    head = torch.randn(V, H)
+    logits = draft_logits(hidden, head)
+    assert logits.shape == (2, 3, B - 1, V)
+    torch.testing.assert_close(logits[1, 2, 0], head @ hidden[1, 2, 1])
+
+
+def test_dflash_trains_from_the_same_stores_and_scores_every_slot(tmp_path):
+    s = make_setup(tmp_path)
+    out = tmp_path / "train"
+    settings = tiny_settings(
+        max_steps=12, method="dflash", lr=3e-3, dflash={"block_size": 4, "layers": 1, "anchors": 8}
+    )
+    summary = train(
+        train_stores=s["train"],
+        heldout_stores=s["heldout"],
+        target_dir=s["target"],
+        vocab_path=s["vocab"],
+        out_dir=out,
+        settings=settings,
+        progress=False,
+    )
+    rows = read_metrics(out / "metrics.csv")
+    assert len(rows) == 12 and "acc_2" in rows[0] and "acc_3" not in rows[0]
+    first = sum(float(r["loss"]) for r in rows[:3])
+    last = sum(float(r["loss"]) for r in rows[-3:])
+    assert last < first, (first, last)
+    held = summary["heldout"]
+    assert len(held["acc"]) == 3 and held["scored"][0] >= held["scored"][2] > 0
+    assert all(c <= a + 1e-12 for c, a in zip(held["chain_acc"], held["acc"], strict=True))
+    meta = json.loads((out / "drafter" / "drafter.json").read_text())
+    assert meta["method"] == "dflash" and meta["config"]["block_size"] == 4
+    # the exact resume holds for drawn anchors too: the same run again draws the same blocks
+    again = train(
+        train_stores=s["train"],
+        heldout_stores=s["heldout"],
+        target_dir=s["target"],
+        vocab_path=s["vocab"],
+        out_dir=tmp_path / "again",
+        settings=settings,
+        progress=False,
+    )
+    assert again["heldout"] == held

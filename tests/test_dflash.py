@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from test_train import read_metrics
-from test_train_setup import make_setup, tiny_settings
+from test_train_setup import AUX, make_setup, tiny_settings
 
+from eyrie.export.check import ExportError
+from eyrie.export.dflash import problems, weight_names
+from eyrie.export.drafter import export
 from eyrie.train.dflash import DFlashConfig, DFlashDrafter, draft_logits
 from eyrie.train.dflash_loss import eligible, every_anchor, sample_anchors, slot_labels
 from eyrie.train.trainer import train
@@ -152,12 +157,15 @@ def test_draft_logits_read_slots_after_the_first_through_the_target_head():
     torch.testing.assert_close(logits[1, 2, 0], head @ hidden[1, 2, 1])
 
 
+SETTINGS = dict(
+    max_steps=12, method="dflash", lr=3e-3, dflash={"block_size": 4, "layers": 1, "anchors": 8}
+)
+
+
 def test_dflash_trains_from_the_same_stores_and_scores_every_slot(tmp_path):
     s = make_setup(tmp_path)
     out = tmp_path / "train"
-    settings = tiny_settings(
-        max_steps=12, method="dflash", lr=3e-3, dflash={"block_size": 4, "layers": 1, "anchors": 8}
-    )
+    settings = tiny_settings(**SETTINGS)
     summary = train(
         train_stores=s["train"],
         heldout_stores=s["heldout"],
@@ -188,3 +196,59 @@ def test_dflash_trains_from_the_same_stores_and_scores_every_slot(tmp_path):
         progress=False,
     )
     assert again["heldout"] == held
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dflash")
+    s = make_setup(root)
+    train(
+        train_stores=s["train"],
+        heldout_stores=[],
+        target_dir=s["target"],
+        vocab_path=s["vocab"],
+        out_dir=root / "train",
+        settings=tiny_settings(**{**SETTINGS, "max_steps": 2}),
+        progress=False,
+    )
+    return root / "train" / "drafter"
+
+
+def test_export_writes_what_sglangs_dflash_loads(trained, tmp_path):
+    out = tmp_path / "sglang"
+    record = export(trained, out, "sglang", dtype="float32")
+    cfg = json.loads((out / "config.json").read_text())
+    meta = json.loads((trained / "drafter.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and record["method"] == "dflash"
+    # id i is the output of layer i in the store and in SGLang (+1, then a layer's input)
+    assert cfg["dflash_config"]["target_layer_ids"] == meta["aux_layer_ids"] == AUX
+    assert cfg["num_target_layers"] == 6 and cfg["block_size"] == 4
+    weights = load_file(str(out / "model.safetensors"))
+    assert set(weights) == weight_names(1)
+    assert not any("embed" in n or "lm_head" in n for n in weights)
+    assert problems(out, meta, load_file(str(trained / "model.safetensors"))) == []
+    with pytest.raises(ExportError, match="SGLang only"):
+        export(trained, tmp_path / "vllm", "vllm")
+
+
+@pytest.mark.parametrize("shift", [-1, 1])
+def test_the_check_refuses_target_layers_off_by_one(trained, tmp_path, shift):
+    out = tmp_path / "sglang"
+    export(trained, out, "sglang", dtype="float32")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [i + shift for i in AUX]
+    (out / "config.json").write_text(json.dumps(cfg))
+    meta = json.loads((trained / "drafter.json").read_text())
+    found = problems(out, meta, load_file(str(trained / "model.safetensors")))
+    assert any("target_layer_ids" in p for p in found), found
+
+
+def test_the_check_refuses_a_name_sglang_would_skip(trained, tmp_path):
+    out = tmp_path / "sglang"
+    export(trained, out, "sglang", dtype="float32")
+    w = load_file(str(out / "model.safetensors"))
+    w["layers.0.self_attn.qkv.weight"] = w.pop("layers.0.self_attn.q_proj.weight")
+    save_file(w, str(out / "model.safetensors"))
+    meta = json.loads((trained / "drafter.json").read_text())
+    found = problems(out, meta, load_file(str(trained / "model.safetensors")))
+    assert any("unknown" in p and "qkv" in p for p in found), found

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from eyrie.common import atomic
+from eyrie.export import dflash
 from eyrie.export.check import (
     EXPORT_META,
     FLOAT_DTYPES,
@@ -180,6 +181,15 @@ def export(
     trained, target = list(meta["aux_layer_ids"]), meta["target"]
     target_dir = Path(target_dir if target_dir is not None else target["path"])
     name = verifier_name(target_dir, verifier)
+    if meta.get("method") == "dflash":
+        if engine != "sglang":
+            raise ExportError(
+                f"{drafter_dir} is a DFlash drafter: its export is written for SGLang only; "
+                "set export.engines: [sglang]"
+            )
+        record = {"engine": engine, "verifier": name, "trained_aux_layer_ids": trained}
+        record.update(target=target, train={"steps": meta["train"]["steps"]})
+        return dflash.export(drafter_dir, out_dir, meta, state, dtype=dtype, record=record)
     ids = config_layer_ids(trained, engine, sglang_rule, int(target["num_hidden_layers"]))
     embed = None
     if engine == "sglang":

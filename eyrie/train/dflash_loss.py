@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from eyrie.target.greedy import greedy_tokens
 from eyrie.train.dflash import draft_logits
 
 
@@ -56,17 +57,9 @@ def slot_labels(greedy, loss_mask, anchors, block_size: int) -> tuple:
     return label, scored
 
 
-@torch.no_grad()
-def target_greedy(lm_head: torch.Tensor, final: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-    """The target's greedy next token at every position of ``final`` (b, T, H): (b, T)."""
-    flat = final.reshape(-1, final.shape[-1]).to(lm_head.dtype)
-    out = [(flat[s : s + chunk] @ lm_head.T).argmax(-1) for s in range(0, len(flat), chunk)]
-    return torch.cat(out).view(final.shape[:-1]) if out else final.new_zeros(0, dtype=torch.long)
-
-
 def block_terms(model, head, batch: dict, anchors: torch.Tensor, dtype) -> dict:
     """Per-slot sums of one batch at ``anchors``: ce, correct, chain, chain_starts, counts."""
-    greedy = target_greedy(head.lm_head, batch["final_hidden"])
+    greedy = greedy_tokens(batch["final_hidden"], head.lm_head)
     B = model.config.block_size
     with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None):
         hidden = model(batch["aux_hidden"], batch["input_ids"], anchors, head.embed)

@@ -1,5 +1,7 @@
 # Shared helpers for every stage: paths, splits and the target folder.
 
+import sys
+
 from eyrie.common.errors import EyrieError
 from eyrie.common.rerun import RERUN_ENV, Rerun
 from eyrie.fetch.spec import is_spec, slug
@@ -168,11 +170,23 @@ def error_tables(split):
     return expand(f"{R}/store/{split}/shard-{{shard}}.errors.csv", shard=SHARDS)
 
 
+def export_engines():
+    """export.engines this drafter family has a folder for: DFlash's is SGLang's only."""
+    engines = list(config["export"]["engines"])
+    if config["train"]["method"] == "dflash" and "vllm" in engines:
+        print("note: train.method dflash exports for SGLang only; vllm skipped", file=sys.stderr)
+        engines.remove("vllm")
+    return engines
+
+
+ENGINES = export_engines()
+
+
 def final_outputs():
     outputs = [f"{R}/verify/report.json", f"{R}/validate/summary.csv"]
     outputs += [f"{R}/train/metrics.csv", f"{R}/train/heldout.json"]
-    outputs += expand(f"{R}/export/{{engine}}", engine=config["export"]["engines"])
-    outputs += expand(f"{R}/export/{{engine}}.check.json", engine=config["export"]["engines"])
+    outputs += expand(f"{R}/export/{{engine}}", engine=ENGINES)
+    outputs += expand(f"{R}/export/{{engine}}.check.json", engine=ENGINES)
     outputs += [f"{R}/report/summary.md"]
     return outputs
 

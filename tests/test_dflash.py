@@ -252,3 +252,116 @@ def test_the_check_refuses_a_name_sglang_would_skip(trained, tmp_path):
     meta = json.loads((trained / "drafter.json").read_text())
     found = problems(out, meta, load_file(str(trained / "model.safetensors")))
     assert any("unknown" in p and "qkv" in p for p in found), found
+
+
+@pytest.fixture(scope="module")
+def loop_pair(tmp_path_factory):
+    from tiny_target import build_llama
+    from transformers import AutoModelForCausalLM
+
+    from eyrie.evaluate.block_runner import BlockRunner
+    from eyrie.evaluate.speculate import Target
+
+    folder = build_llama(tmp_path_factory.mktemp("loop") / "t", layers=6, hidden=32)
+    cfg = json.loads((folder / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    target = Target(model, [1, 2, 3])
+    torch.manual_seed(0)
+    dcfg = DFlashConfig.from_target(
+        cfg, num_aux=3, dflash={"layers": 1, "block_size": B}, overrides=None
+    )
+    drafter = DFlashDrafter(dcfg)
+    runner = BlockRunner(drafter, target.embed, model.get_output_embeddings().weight)
+    yield target, runner
+    target.close()
+
+
+def test_a_proposed_block_is_the_batched_forward_at_that_anchor(loop_pair):
+    target, runner = loop_pair
+    prompt = [1, 200, 13, 99, 54, 3, 3, 18]
+    _, aux = target.forward(prompt, target.new_cache())
+    runner.reset()
+    runner.extend(aux[:, :5], prompt[1:6], 0)  # rows 0..4 verified, x_5 the last token
+    drafts = runner.propose(B - 1)
+    with torch.no_grad():
+        out = runner.d(aux, torch.tensor([prompt]), torch.tensor([[5]]), target.embed)
+    want = draft_logits(out, runner.lm_head)[0, 0].argmax(-1).tolist()
+    assert drafts == want
+    assert runner.propose(2) == want[:2]
+    with pytest.raises(Exception, match="block_size - 1"):
+        runner.propose(B)
+
+
+class ForcedBlocks:
+    """The real runner drafts (and caches), but its drafts become the true continuation with
+    the one at ``wrong(step)`` corrupted: a known acceptance to verify against."""
+
+    def __init__(self, runner, sequence, wrong):
+        self.r, self.sequence, self.wrong, self.steps = runner, sequence, wrong, 0
+
+    def __getattr__(self, name):
+        return getattr(self.r, name)
+
+    def propose(self, n):
+        self.r.propose(n)
+        at = self.r.length  # the last verified token sits at position `at`
+        drafts = list(self.sequence[at + 1 : at + 1 + n]) + [0] * n
+        w = self.wrong(self.steps)
+        if w < n:
+            drafts[w] = (drafts[w] + 1) % 50 + 3
+        self.steps += 1
+        return drafts[:n]
+
+
+def test_block_decoding_is_plain_greedy_and_accepts_what_it_should(loop_pair):
+    from test_speculate import reference_greedy
+
+    from eyrie.evaluate.speculate import greedy_generate, speculative_generate
+
+    target, runner = loop_pair
+    for prompt in ([1, 40, 41, 42], [1, 200, 13, 99, 54, 3, 3, 3, 18]):
+        want = reference_greedy(target.model, prompt, 30)
+        assert greedy_generate(target, prompt, 30).tokens == want
+        assert speculative_generate(target, runner, prompt, B - 1, 30).tokens == want
+        forced = ForcedBlocks(runner, prompt + want + [0] * 8, wrong=lambda s: s % (B + 1))
+        spec = speculative_generate(target, forced, prompt, B - 1, 30)
+        assert spec.tokens == want
+        expect = [min(s % (B + 1), B - 1) for s in range(len(spec.accepted))]
+        assert spec.accepted[:-1] == expect[:-1]
+        # the context cache after the run equals one extend from scratch
+        full = prompt + spec.tokens
+        rows = min(runner.length, len(full) - 1)
+        _, aux = target.forward(full[:rows], target.new_cache())
+        fresh = type(runner)(runner.d, runner.embed, runner.lm_head)
+        fresh.extend(aux, full[1 : rows + 1], 0)
+        for (k, v), (fk, fv) in zip(runner.kv, fresh.kv, strict=True):
+            torch.testing.assert_close(k[:, :rows], fk, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(v[:, :rows], fv, atol=1e-5, rtol=1e-5)
+
+
+def test_offline_acceptance_of_a_block_is_the_batched_forward_per_anchor(trained, tmp_path):
+    from eyrie.evaluate.acceptance import block_drafts, count_acceptance, load_drafter
+    from eyrie.target.greedy import greedy_tokens
+    from eyrie.train.model import read_target_tensors
+
+    drafter, meta = load_drafter(trained)
+    target_dir = meta["target"]["path"]
+    embed_w, lm_head, _ = read_target_tensors(target_dir)
+    torch.manual_seed(0)
+    T = 9
+    aux = torch.randn(1, T, 3, embed_w.shape[1])
+    ids = torch.randint(0, embed_w.shape[0], (1, T))
+
+    def embed(x):
+        return embed_w[x]
+
+    drafts = block_drafts(drafter, aux, ids, embed, lm_head, 3, chunk=4)
+    for t in range(T - 1):  # each row's block computed alone, anchored at t + 1
+        h = drafter(aux, ids, torch.tensor([[t + 1]]), embed)
+        alone = draft_logits(h, lm_head)[0, 0].argmax(-1)
+        assert [int(d[0, t]) for d in drafts] == alone.tolist()
+    # drafts equal to the target's greedy path are all accepted, by the unroll's counting
+    greedy = greedy_tokens(torch.randn(1, T, embed_w.shape[1]), lm_head)
+    perfect = [torch.cat([greedy[:, k + 1 :], greedy[:, : k + 1]], 1) for k in range(3)]
+    c = count_acceptance(perfect, greedy, torch.ones(1, T, dtype=torch.bool))
+    assert c.correct.tolist() == c.scored.tolist()

@@ -243,7 +243,7 @@ def metrics(c: AcceptanceCounts) -> AcceptanceMetrics:
 
 
 def load_drafter(folder, device="cpu"):
-    """(Drafter in eval mode, drafter.json) from a folder written by eyrie train."""
+    """(Drafter or DFlashDrafter in eval mode, drafter.json) from a folder eyrie train wrote."""
     from eyrie.train.model import Drafter, DrafterConfig, DrafterError
     from eyrie.train.saved import read_drafter
 
@@ -252,7 +252,12 @@ def load_drafter(folder, device="cpu"):
     except DrafterError as exc:
         raise AcceptanceError(str(exc)) from None
     weights, meta_path = Path(folder) / "model.safetensors", Path(folder) / "drafter.json"
-    model = Drafter(DrafterConfig.from_dict(meta["config"]))
+    if meta.get("method") == "dflash":
+        from eyrie.train.dflash import DFlashConfig, DFlashDrafter
+
+        model = DFlashDrafter(DFlashConfig.from_dict(meta["config"]))
+    else:
+        model = Drafter(DrafterConfig.from_dict(meta["config"]))
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
@@ -264,6 +269,29 @@ def load_drafter(folder, device="cpu"):
 
 
 @torch.no_grad()
+@torch.no_grad()
+def block_drafts(drafter, aux, ids, embed, lm_head, steps: int, chunk: int = 64) -> list:
+    """DFlash's drafts in the unroll's layout: row t's block is anchored at t + 1 (the token
+    after row t, whose state the target has not computed yet) and its slot k + 1 is the step-k
+    draft of row t, the token at t + k + 2. (B, T) target ids per step, ``chunk`` rows a pass."""
+    from eyrie.train.dflash import draft_logits
+
+    if steps > drafter.config.block_size - 1:
+        raise AcceptanceError(
+            f"evaluate.steps {steps}: a DFlash block of {drafter.config.block_size} holds "
+            f"{drafter.config.block_size - 1} drafts"
+        )
+    n, T = ids.shape
+    anchors = torch.arange(1, T + 1, device=ids.device)
+    anchors = anchors.masked_fill(anchors >= T, -1).expand(n, T)
+    out = torch.zeros(steps, n, T, dtype=torch.long, device=ids.device)
+    for s in range(0, T, chunk):
+        h = drafter(aux, ids, anchors[:, s : s + chunk], embed)
+        d = draft_logits(h, lm_head)[..., :steps, :].argmax(-1)  # (n, rows, steps)
+        out[:, :, s : s + chunk] = d.permute(2, 0, 1)
+    return list(out)
+
+
 def evaluate_stores(
     drafter,
     aux_layer_ids: list[int],
@@ -301,7 +329,7 @@ def evaluate_stores(
             f"the target in {target_dir} has {embed_w.shape[0]} tokens, the drafter "
             f"{drafter.config.vocab_size}: it was trained for another target"
         )
-    vocab_mask = drafter.t2d.to(device)
+    vocab_mask = drafter.t2d.to(device) if hasattr(drafter, "t2d") else None
 
     def embed(ids):
         return torch.nn.functional.embedding(ids, embed_w)
@@ -316,11 +344,14 @@ def evaluate_stores(
         ids = batch["input_ids"].to(device)
         aux = batch["aux_hidden"].to(device, torch.float32)
         greedy = greedy_tokens(batch["final_hidden"].to(device, torch.float32), lm_head)
-        logits = drafter(aux, ids, embed, steps)
-        drafts = [drafter.draft_to_target(lg.argmax(-1)) for lg in logits]
-        total = total + count_acceptance(
-            drafts, greedy, batch["loss_mask"].to(device), vocab_mask[greedy]
-        )
+        if vocab_mask is None:  # DFlash: a block per row, over the full vocabulary
+            drafts = block_drafts(drafter, aux, ids, embed, lm_head, steps)
+            reachable = torch.ones_like(greedy, dtype=torch.bool)
+        else:
+            logits = drafter(aux, ids, embed, steps)
+            drafts = [drafter.draft_to_target(lg.argmax(-1)) for lg in logits]
+            reachable = vocab_mask[greedy]
+        total = total + count_acceptance(drafts, greedy, batch["loss_mask"].to(device), reachable)
         meter.update(len(batch["lengths"]))
     meter.close()
     return metrics(total)

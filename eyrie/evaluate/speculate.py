@@ -362,7 +362,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def load_pair(target_dir, drafter_dir, device, dtype: str = "float32", architecture=None):
-    """(Target, DraftRunner, tokenizer, drafter.json) on ``device``, both in ``dtype``."""
+    """(Target, DraftRunner or a DFlash BlockRunner, tokenizer, drafter.json) on ``device``,
+    both in ``dtype``."""
     from eyrie.evaluate.acceptance import load_drafter
     from eyrie.target.load import load_model, load_tokenizer
 
@@ -384,6 +385,11 @@ def load_pair(target_dir, drafter_dir, device, dtype: str = "float32", architect
             f"{drafter.config.vocab_size}: it was trained for another target"
         )
     target = Target(model, meta["aux_layer_ids"])
+    if meta.get("method") == "dflash":
+        from eyrie.evaluate.block_runner import BlockRunner
+
+        head = model.get_output_embeddings().weight
+        return target, BlockRunner(drafter, target.embed, head), load_tokenizer(target_dir), meta
     return target, DraftRunner(drafter, target.embed), load_tokenizer(target_dir), meta
 
 

@@ -48,6 +48,8 @@ def run_evaluate(
 
     dev = pick_device(device, "evaluate.device")
     drafter, meta = load_drafter(drafter_dir, dev)
+    if meta.get("method") == "dflash":  # every draft of the block, as SGLang verifies them
+        steps = int(meta["config"]["block_size"]) - 1
     steps = evaluation_steps(steps, meta["train"]["settings"].get("ttt_steps"))
     m = evaluate_stores(
         drafter,
@@ -105,6 +107,8 @@ def run_speculate(
     target, runner, tokenizer, meta = speculate.load_pair(
         target_dir, drafter_dir, dev, dtype, architecture
     )
+    if meta.get("method") == "dflash":  # one chain: the block's drafts, as SGLang serves it
+        draft_tokens, topk, verify_tokens = int(meta["config"]["block_size"]) - 1, 1, None
     try:
         ps = speculate.load_prompts(prompts_jsonl, tokenizer, prompts)
         result = compare(
@@ -128,6 +132,8 @@ def run_speculate(
             "backend": "hf",
             "device": str(dev),
             "dtype": dtype,
+            "method": meta.get("method", "eagle3"),
+            "draft_layers": meta["config"].get("num_hidden_layers", 1),
             "max_new_tokens": max_new_tokens,
             "machine": machine(),
             "target": str(target_dir),

@@ -82,6 +82,8 @@ def _nan(x) -> bool:
 def shape_text(rec: dict) -> str:
     """How a decoding record drafted: "3 draft tokens" (a chain) or the tree's shape."""
     k, topk = rec.get("draft_tokens"), int(rec.get("topk") or 1)
+    if rec.get("method") == "dflash":
+        return f"DFlash: blocks of {k + 1} ({k} draft tokens), {rec.get('draft_layers')} layers"
     if topk == 1:
         return f"{k} draft tokens"
     return f"a tree of {k} steps × top-{topk}, {rec.get('verify_tokens')} tokens verified"

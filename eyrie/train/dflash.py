@@ -167,10 +167,8 @@ class BlockLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h, positions, ctx, ctx_positions, visible):
-        # the context enters as keys and values only, without this layer's input norm
-        ctx_k, ctx_v = self.self_attn.keys(ctx, ctx_positions)
-        h = h + self.self_attn(self.input_layernorm(h), positions, ctx_k, ctx_v, visible)
+    def forward(self, h, positions, ctx_kv, visible):
+        h = h + self.self_attn(self.input_layernorm(h), positions, *ctx_kv, visible)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -204,6 +202,19 @@ class DFlashDrafter(nn.Module):
         positions = anchors.clamp(min=0)[..., None] + torch.arange(B, device=anchors.device)
         return ids, positions
 
+    def context_keys(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple]:
+        """Each layer's (keys, values) of context rows (b, T, H) at ``positions`` (b, T): what
+        a server caches per verified token. No input norm: the context is keys and values only.
+        """
+        return [layer.self_attn.keys(ctx, positions) for layer in self.layers]
+
+    def run_blocks(self, h, positions, ctx_kv: list[tuple], visible) -> torch.Tensor:
+        """Block inputs h (b, N, B, H) at ``positions`` through the layers, over the context
+        keys ``visible`` (b, N, T) to each block: the normed outputs."""
+        for layer, kv in zip(self.layers, ctx_kv, strict=True):
+            h = layer(h, positions, kv, visible)
+        return self.norm(h)
+
     def forward(self, aux, input_ids, anchors, embed) -> torch.Tensor:
         """Normed outputs (b, N, B, H) of the blocks at ``anchors`` (b, N; -1: none).
 
@@ -211,13 +222,10 @@ class DFlashDrafter(nn.Module):
         input embeddings; the target's lm_head turns slot k into the token at anchor + k."""
         ctx = self.context(aux)
         T = ctx.shape[1]
-        ctx_positions = torch.arange(T, device=ctx.device).expand(ctx.shape[0], T)
+        ctx_kv = self.context_keys(ctx, torch.arange(T, device=ctx.device).expand(len(ctx), T))
         ids, positions = self.blocks(input_ids, anchors)
         visible = torch.arange(T, device=ctx.device) < anchors[..., None]
-        h = embed(ids).to(ctx.dtype)
-        for layer in self.layers:
-            h = layer(h, positions, ctx, ctx_positions, visible)
-        return self.norm(h)
+        return self.run_blocks(embed(ids).to(ctx.dtype), positions, ctx_kv, visible)
 
 
 def draft_logits(hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:

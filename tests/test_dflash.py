@@ -365,3 +365,21 @@ def test_offline_acceptance_of_a_block_is_the_batched_forward_per_anchor(trained
     perfect = [torch.cat([greedy[:, k + 1 :], greedy[:, : k + 1]], 1) for k in range(3)]
     c = count_acceptance(perfect, greedy, torch.ones(1, T, dtype=torch.bool))
     assert c.correct.tolist() == c.scored.tolist()
+
+
+def test_sglang_serves_the_export_as_dflash_with_its_block(trained, tmp_path):
+    from eyrie.evaluate.online import dflash_settings, served_settings
+    from eyrie.sglang.launch import online_command
+
+    out = tmp_path / "sglang"
+    export(trained, out, "sglang", dtype="float32")
+    settings = served_settings(3, settings=dflash_settings(out))
+    assert settings == [{"draft_tokens": 3, "topk": 1, "verify_tokens": 4, "algorithm": "DFLASH"}]
+    cmd = online_command("t", 30000, draft_path=out, draft_tokens=3, algorithm="DFLASH")
+    at = cmd.index("--speculative-algorithm")
+    assert cmd[at : at + 6] == [
+        "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(out),
+        "--speculative-num-draft-tokens", "4",
+    ]  # fmt: skip
+    assert "--speculative-eagle-topk" not in cmd
+    assert dflash_settings(tmp_path) is None  # no export there: EAGLE-3's settings stay

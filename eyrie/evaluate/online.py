@@ -215,8 +215,20 @@ def served_settings(draft_tokens: int, topk: int = 1, verify_tokens=None, settin
                 "give the tree's verified node count (e.g. verify_tokens: 8)"
             )
         out.append({"draft_tokens": k, "topk": branches,
-                    "verify_tokens": k + 1 if branches == 1 else int(verify)})  # fmt: skip
+                    "verify_tokens": k + 1 if branches == 1 else int(verify),
+                    "algorithm": s.get("algorithm", "EAGLE3")})  # fmt: skip
     return out
+
+
+def dflash_settings(draft_dir) -> list | None:
+    """The one setting a DFlash export is served with (its block's drafts); None otherwise."""
+    cfg_path = Path(draft_dir) / "config.json"
+    if not draft_dir or not cfg_path.is_file():
+        return None
+    cfg = json.loads(cfg_path.read_text())
+    if cfg.get("architectures") != ["DFlashDraftModel"]:
+        return None
+    return [{"draft_tokens": int(cfg["block_size"]) - 1, "topk": 1, "algorithm": "DFLASH"}]
 
 
 def setting_name(s: dict) -> str:
@@ -291,6 +303,7 @@ def _run_mode(
             verify_tokens=s["verify_tokens"],
             server_args=server_args,
             launcher=launcher,
+            algorithm=s["algorithm"],
         )
 
     serve = dict(launch_timeout=launch_timeout, prompts=prompts, max_new_tokens=max_new_tokens,
@@ -298,7 +311,8 @@ def _run_mode(
     plain = _serve(command, log_dir / "sglang-plain.log", name="plain", **serve)
     rows = []
     for s in drafts:
-        name = "eagle3" if len(drafts) == 1 else f"eagle3-{setting_name(s)}"
+        algo = s["algorithm"].lower()
+        name = algo if len(drafts) == 1 else f"{algo}-{setting_name(s)}"
 
         def spec_command(port: int, s=s) -> list[str]:
             return command(port, draft=draft_dir, s=s)

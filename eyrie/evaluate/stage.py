@@ -190,7 +190,7 @@ def run_online(
             draft_tokens=draft_tokens,
             topk=topk,
             verify_tokens=verify_tokens,
-            settings=settings,
+            settings=online.dflash_settings(draft_dir) or settings,
             tokenizer=tokenizer,
             log_dir=log_dir,
             launch_timeout=launch_timeout,

@@ -133,12 +133,23 @@ def online_command(
     verify_tokens: int | None = None,
     server_args: Sequence[str] = ONLINE_SERVER_ARGS,
     launcher: Sequence[str] = LAUNCHER,
+    algorithm: str = "EAGLE3",
 ) -> list[str]:
     """The online server's command; with `draft_path`, EAGLE-3 with `draft_tokens` draft steps:
     a chain by default, a tree of `topk` branches per step verifying `verify_tokens` tokens
-    (SGLang's --speculative-num-draft-tokens; a chain verifies draft_tokens + 1)."""
+    (SGLang's --speculative-num-draft-tokens; a chain verifies draft_tokens + 1). With
+    `algorithm` DFLASH, a DFlash block of draft_tokens + 1 (its drafts are one chain)."""
     flags = list(server_args)
-    if draft_path is not None:
+    if draft_path is not None and algorithm == "DFLASH":
+        flags += [
+            "--speculative-algorithm",
+            "DFLASH",
+            "--speculative-draft-model-path",
+            str(draft_path),
+            "--speculative-num-draft-tokens",
+            str(draft_tokens + 1),
+        ]
+    elif draft_path is not None:
         if topk < 1 or draft_tokens < 1:
             raise ServerError(
                 f"EAGLE-3 needs at least one draft step and topk >= 1 (got {draft_tokens} steps, "

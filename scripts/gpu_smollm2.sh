@@ -18,6 +18,8 @@
 # --loop-prompts P  MT-bench questions decoded by the transformers loop (the config's by default);
 #                SGLang serves all 80 (evaluate.sglang.prompts)
 # --repeats R    the transformers loop's interleaved timing passes (evaluate.repeats)
+# --also-dflash  then a DFlash drafter from the same stores and epochs (EAGLE-3's results are
+#                kept in RESULTS/eagle3/)
 # --cpu          the CPU rehearsal CI runs: configs/smollm2-cpu.yaml over the config (a few dozen
 #                conversations, 8 questions, transformers in place of SGLang), 2 cores, and no
 #                GPU kit (Eyrie installed as the README says)
@@ -28,7 +30,7 @@
 # Results without the stores, weights and training data go to $OUT/smollm2-results.tar.gz (OUT default benchmarks/out/gpu-smollm2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pieces="" samples="" epochs="" loop_prompts="" repeats="" cores=16 cpu=""
+pieces="" samples="" epochs="" loop_prompts="" repeats="" cores=16 cpu="" dflash=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --pieces) pieces=$2; shift 2 ;;
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     --epochs) epochs=$2; shift 2 ;;
     --loop-prompts) loop_prompts=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
+    --also-dflash) dflash=1; shift ;;
     --cores) cores=$2; shift 2 ;;
     --cpu) cpu=1; cores=2; shift ;;
     *) echo "error: unknown argument $1 (see the head of $0)" >&2; exit 2 ;;
@@ -89,6 +92,17 @@ echo "snakemake exited $rc after $(($(date +%s) - t0)) s"
 res=$(python3 -c "import sys, yaml
 print([c['results'] for c in map(yaml.safe_load, map(open, sys.argv[1:])) if 'results' in c][-1])" \
   "${configs[@]}")
+if [ -n "$dflash" ] && [ "$rc" = 0 ]; then
+  # DFlash from the same stores, for the same epochs: EAGLE-3's drafter and evaluation move to
+  # $res/eagle3/, then only training, export and evaluation run again
+  rm -rf "$res/eagle3" && mkdir -p "$res/eagle3"
+  cp -r "$res/train" "$res/evaluate" "$res/report" "$res/export" "$res/eagle3/"
+  echo "train: {method: dflash}" >"${overlay%.yaml}-dflash.yaml"
+  t1=$(date +%s)
+  python3 -m snakemake --cores "$cores" --configfile "${configs[@]}" "$overlay" "${overlay%.yaml}-dflash.yaml" \
+    --resources gpu=1 --rerun-incomplete --keep-going "${extra[@]}" || rc=$?
+  echo "snakemake (DFlash) exited $rc after $(($(date +%s) - t1)) s"
+fi
 [ -n "$cpu" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/machine.txt" || true
 cp "$overlay" "$res/overrides.yaml"
 tar czf "$OUT/smollm2-results.tar.gz" --exclude='*.zarr' --exclude='*.safetensors' \

@@ -155,6 +155,7 @@ class ExtractJob:
         self.samples = self.tokens = 0  # in the finished store (place)
 
     def execute(self) -> Outcome:
+        """Plan, run and place; the outcome once the store is in place and unlocked."""
         try:
             with self:
                 self.plan()

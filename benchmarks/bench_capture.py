@@ -46,13 +46,11 @@ from bench_extract import (  # noqa: E402
     workload_args,
 )
 
+from eyrie.data.split import read_split  # noqa: E402
 from eyrie.extract.hf import HFCapture, padded_batch  # noqa: E402
-from eyrie.extract.split import (  # noqa: E402
-    read_split,
-    resolve_aux_layer_ids,  # noqa: E402
-    tokenize,
-)
+from eyrie.extract.tokens import tokenize  # noqa: E402
 from eyrie.store.slabs import Slab, aligned  # noqa: E402
+from eyrie.target.layers import resolve_aux_layer_ids  # noqa: E402
 from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
 

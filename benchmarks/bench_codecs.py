@@ -90,8 +90,8 @@ def capture_states(target_path: Path, data: Path, samples: int, max_tokens: int,
     """aux (T, k, H) and final (T, H) uint16 bf16 bits of the first `samples` good samples."""
     from eyrie.data.chat_tokens import SampleError, tokenize_chat
     from eyrie.extract.hf import HFCapture
-    from eyrie.extract.shard import resolve_aux_layer_ids
     from eyrie.store.shard import bf16_bits
+    from eyrie.target.layers import resolve_aux_layer_ids
     from eyrie.target.load import load_target, num_hidden_layers
 
     target = load_target(target_path, device="cpu")

@@ -9,7 +9,7 @@ run on the same chat samples (their real lengths).
 
 The baseline runs the target on exactly the batches extraction runs (same samples, same padding,
 same order), with no hooks and nothing kept: the cost any capture must pay. Extraction is timed
-by the extract job itself (eyrie.extract.job), without its setup (model load, tokenization,
+by the extract job itself (eyrie.extract.shard), without its setup (model load, tokenization,
 hashing): capture (forward with hooks up to the final norm, copies to the CPU) plus write (bf16
 bits, compression, commits). Both use the same loaded, warmed-up model; runs alternate and the
 median of each is reported, with the machine. On a shared machine, run it when nothing else
@@ -47,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -57,12 +58,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # tiny_target, for a stand-in when toy-llama is absent
 
 from eyrie.common.provenance import machine as provenance_machine  # noqa: E402
+from eyrie.data.split import read_split  # noqa: E402
 from eyrie.extract.graphs import GraphForward, attention_mask_4d  # noqa: E402
 from eyrie.extract.job import batches as batched  # noqa: E402
 from eyrie.extract.job import groups_to_do  # noqa: E402
-from eyrie.extract.shard import extract_shard  # noqa: E402
-from eyrie.extract.split import read_split, tokenize  # noqa: E402
+from eyrie.extract.shard import ExtractJob, ShardTask, capture_for  # noqa: E402
+from eyrie.extract.tokens import tokenize  # noqa: E402
+from eyrie.extract.writing import use_writer_process, writing_for  # noqa: E402
 from eyrie.store.codecs import shard_tokens_for  # noqa: E402
+from eyrie.store.slabs import SlabPool  # noqa: E402
 from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
 
@@ -282,7 +286,6 @@ def forward_cpu(extract: dict, writer_queue: int, device_type: str) -> int | Non
     """The CPU the extraction's forward thread was pinned to, from the plan the job makes
     (eyrie.extract.shard, with --forward-cpu's replacement in place), or None."""
     import eyrie.extract.shard as shard_module
-    from eyrie.extract.write_process import use_writer_process
 
     process = writer_queue > 0 and use_writer_process(
         extract.get("writer_process", "auto"), device_type, "hf"
@@ -328,6 +331,9 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         for st in args.shard_tokens
         for q in args.writer_queue
     ]
+    # the writer processes' slabs, kept from one run to the next (as a job's own would be made
+    # in its setup; the ratios leave the setup out)
+    slabs = SlabPool(keep=8)
     bare, bare_base, bare_pinned, runs = [], [], [], {v: [] for v in variants}
     bare_4d = []  # pinned inputs and the 4-D mask: the bare forward at its fastest eagerly
     bare_graph = []
@@ -352,13 +358,15 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
 
             if not bare_after:
                 bare_stolen = bare_pair()
+            setting, child = dry_child(wp)
             extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
-            extract.update(shard_encoder=enc, writer_threads=wt, writer_process=dry_child(wp))
-            extract.update(pin_forward=pf)
+            extract.update(writer_threads=wt, writer_process=setting, pin_forward=pf)
+            writing = writing_for(extract, q, target.device.type, "hf")
+            writing = replace(writing, encoder=enc, child=child, slabs=slabs)
             out_dir = tmp / f"{label}-{name_of(*variant)}-run{r}"
             irq_before = interrupts() if args.interrupts else None
             stolen = steal_seconds()
-            out = extract_shard(
+            task = ShardTask(
                 data_path=data,
                 target_path=target_path,
                 split="train",
@@ -370,10 +378,9 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
                 max_tokens=args.max_tokens,
                 commit_every=args.commit_every,
                 progress=False,
-                target=target,
-                writer_queue=q,
                 weights_cache=tmp / f"{label}-weights-sha256.json",
             )
+            out = ExtractJob(task, capture_for(task, target), writing).execute()
             run_stolen = steal_seconds(since=stolen)
             if bare_after:
                 bare_stolen = bare_pair()
@@ -530,18 +537,16 @@ def writer_process_arg(text: str):
     return auto_or_bool(text)
 
 
-def dry_child(setting):
-    """extract.writer_process for `setting`, with the stand-in writer process in place for
-    dry-MODE (benchmarks/dry_writer.py) and the real one otherwise."""
-    import eyrie.extract.write_process as write_process
+def dry_child(setting) -> tuple:
+    """(extract.writer_process, the module the writer process runs) for `setting`: the
+    stand-in writer process for dry-MODE (benchmarks/dry_writer.py), else the store's own."""
+    from eyrie.store.writer_process import STORE_WRITER
 
     if isinstance(setting, str) and setting.startswith("dry-"):
         os.environ["EYRIE_BENCH_DRY_WRITER"] = setting[4:]
-        write_process.CHILD = "dry_writer"
-        return True
+        return True, "dry_writer"
     os.environ.pop("EYRIE_BENCH_DRY_WRITER", None)
-    write_process.CHILD = "eyrie.store.remote_writer"
-    return setting
+    return setting, STORE_WRITER
 
 
 def auto_or_int(text: str):

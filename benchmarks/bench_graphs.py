@@ -41,9 +41,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 import bench_extract as bench  # noqa: E402
 from bench_capture import capture_loop, sync  # noqa: E402
 
+from eyrie.data.split import read_split  # noqa: E402
 from eyrie.extract.graphs import bucket_of  # noqa: E402
 from eyrie.extract.hf import HFCapture  # noqa: E402
-from eyrie.extract.split import read_split, resolve_aux_layer_ids, tokenize  # noqa: E402
+from eyrie.extract.tokens import tokenize  # noqa: E402
+from eyrie.target.layers import resolve_aux_layer_ids  # noqa: E402
 from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
 

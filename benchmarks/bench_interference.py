@@ -48,7 +48,8 @@ from bench_extract import (  # noqa: E402
     workload_args,
 )
 
-from eyrie.extract.split import read_split, tokenize  # noqa: E402
+from eyrie.data.split import read_split  # noqa: E402
+from eyrie.extract.tokens import tokenize  # noqa: E402
 from eyrie.target.load import load_target, resolve_device  # noqa: E402
 
 LOOPS = {

@@ -2,7 +2,7 @@
 part of its work, so that a run times the rest of the job without it.
 
 `bench_extract.py --writer-process dry-reply dry-touch dry-encode` starts it in place of
-eyrie.store.remote_writer (eyrie.extract.write_process.CHILD); EYRIE_BENCH_DRY_WRITER says how
+eyrie.store.remote_writer (the store's Writing.child); EYRIE_BENCH_DRY_WRITER says how
 much of each commit group it does:
 
 - reply: nothing; it answers as if every sample were stored (the job's side alone: capture into

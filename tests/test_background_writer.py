@@ -12,8 +12,10 @@ import pytest
 import zarr
 from tiny_target import build_llama, write_split
 
-from eyrie.extract.shard import extract_shard, work_paths
+from eyrie.extract.job import work_paths
+from eyrie.extract.shard import ExtractJob, ShardTask, capture_for
 from eyrie.store.background import BackgroundWriter, InlineWriter, start_writer
+from eyrie.store.group_writer import Writing
 from eyrie.store.shard import ShardWriter, StoreError
 
 
@@ -91,9 +93,9 @@ def setup(tmp_path_factory):
     return build_llama(root / "target", layers=8), write_split(root / "train.jsonl", 10)
 
 
-def run(setup, out, **kw):
+def run(setup, out, writing: Writing):
     target, data = setup
-    return extract_shard(
+    task = ShardTask(
         data_path=data,
         target_path=target,
         split="train",
@@ -105,8 +107,8 @@ def run(setup, out, **kw):
         max_tokens=64,
         commit_every=2,
         progress=False,
-        **kw,
     )
+    return ExtractJob(task, capture_for(task), writing).execute()
 
 
 def contents(path) -> dict:
@@ -124,9 +126,9 @@ def same(a, b) -> bool:
 
 
 def test_writer_thread_failure_then_resume_equals_inline(setup, tmp_path, monkeypatch):
-    inline = run(setup, tmp_path / "inline", writer_queue=0)
-    threaded = run(setup, tmp_path / "threaded", writer_queue=2)
-    assert inline.samples == threaded.samples > 0
+    inline = run(setup, tmp_path / "inline", Writing("inline", depth=0))
+    threaded = run(setup, tmp_path / "threaded", Writing("thread", depth=2))
+    assert inline.samples == threaded.samples > 0 and inline.seconds["wait"] == 0.0
     assert same(tmp_path / "inline" / "shard-000.zarr", tmp_path / "threaded" / "shard-000.zarr")
     assert threaded.seconds["write"] > 0 and "wait" in threaded.seconds
 
@@ -141,11 +143,11 @@ def test_writer_thread_failure_then_resume_equals_inline(setup, tmp_path, monkey
 
     monkeypatch.setattr(ShardWriter, "commit", failing_commit)
     with pytest.raises(StoreError, match="injected"):  # raised in this thread
-        run(setup, tmp_path / "failed", writer_queue=1)
+        run(setup, tmp_path / "failed", Writing("thread", depth=1))
     assert threads == {"eyrie-writer"}
     work, _ = work_paths(tmp_path / "failed" / "shard-000.zarr", tmp_path / "x.csv")
     assert json.loads((work / "commit.json").read_text())["num_samples"] == calls[0]
     assert len(calls) == 2  # nothing committed after the failure
     monkeypatch.setattr(ShardWriter, "commit", real_commit)
-    run(setup, tmp_path / "failed", writer_queue=1)  # resumes from the first commit
+    run(setup, tmp_path / "failed", Writing("thread", depth=1))  # resumes from the first commit
     assert same(tmp_path / "failed" / "shard-000.zarr", tmp_path / "inline" / "shard-000.zarr")

@@ -212,8 +212,9 @@ def test_regenerate_stops_when_no_conversation_was_regenerated(tmp_path):
 
 
 def test_a_missing_regenerated_split_names_the_regenerate_rule(tmp_path):
+    from eyrie.common.errors import ExtractError
     from eyrie.common.layout import Layout
-    from eyrie.extract.split import ExtractError, read_split
+    from eyrie.data.split import read_split
 
     lay = Layout(tmp_path)
     with pytest.raises(ExtractError, match="run the regenerate rule"):

@@ -21,7 +21,9 @@ import torch
 import zarr
 from tiny_target import build_llama, write_split
 
-from eyrie.extract.shard import Interrupted, extract_shard, read_split, shard_members, work_paths
+from eyrie.data.split import read_split, shard_members
+from eyrie.extract.job import work_paths
+from eyrie.extract.shard import ExtractJob, ShardTask, capture_for, extract_shard
 from eyrie.target.load import TargetError
 
 N = 24
@@ -41,10 +43,11 @@ def setup(tmp_path_factory):
     return root, target, data
 
 
-def run(setup, out: Path, shard=0, capture=CAPTURE, extract=EXTRACT, **kw):
+def run(setup, out: Path, shard=0, capture=CAPTURE, extract=EXTRACT, stop_after=None, **kw):
+    """Extract shard `shard` into `out`; stop_after=N: stop after N commits (see stopped)."""
     root, target, data = setup
     kw.setdefault("max_tokens", MAX_TOKENS)
-    return extract_shard(
+    task = ShardTask(
         data_path=data,
         target_path=target,
         split="train",
@@ -57,6 +60,19 @@ def run(setup, out: Path, shard=0, capture=CAPTURE, extract=EXTRACT, **kw):
         progress=False,
         **kw,
     )
+    if stop_after is not None:
+        return stopped(task, stop_after)
+    return extract_shard(**vars(task))
+
+
+def stopped(task: ShardTask, commits: int, target=None) -> None:
+    """Run a job's first `commits` commit groups and stop without placing its store: what a
+    killed job leaves, with exactly those commits on disk."""
+    with ExtractJob(task, capture_for(task, target)) as job:
+        job.plan()
+        assert len(job.groups) > commits, "too few groups left to stop early"
+        del job.groups[commits:]
+        job.run()
 
 
 def read_store(path: Path) -> dict:
@@ -158,14 +174,12 @@ def test_stored_values_match_plain_forward(setup, uninterrupted):
 
 def test_interrupted_and_resumed_is_bit_exact(setup, uninterrupted, tmp_path):
     full, _ = uninterrupted
-    with pytest.raises(Interrupted):
-        run(setup, tmp_path, stop_after_commits=2)
+    run(setup, tmp_path, stop_after=2)
     work_store, work_errors = work_paths(tmp_path / "shard-000.zarr", tmp_path / "x.csv")
     assert work_store.is_dir() and not (tmp_path / "shard-000.zarr").exists()
     committed = read_store(work_store)["commit"]["num_samples"]
     assert 0 < committed < read_store(full / "shard-000.zarr")["commit"]["num_samples"]
-    with pytest.raises(Interrupted):  # a second interruption, on the resumed run
-        run(setup, tmp_path, stop_after_commits=1)
+    run(setup, tmp_path, stop_after=1)  # a second interruption, on the resumed run
     run(setup, tmp_path)
     assert_same_store(tmp_path / "shard-000.zarr", full / "shard-000.zarr")
     assert errors_rows(tmp_path / "shard-000.errors.csv") == errors_rows(
@@ -199,8 +213,7 @@ def test_non_finite_states_are_listed_not_stored(setup, uninterrupted, tmp_path,
 
 
 def test_changed_setup_restarts_the_scratch_store(setup, tmp_path):
-    with pytest.raises(Interrupted):
-        run(setup, tmp_path / "a", stop_after_commits=1)
+    run(setup, tmp_path / "a", stop_after=1)
     run(setup, tmp_path / "a", max_tokens=60)
     run(setup, tmp_path / "b", max_tokens=60)
     assert_same_store(tmp_path / "a" / "shard-000.zarr", tmp_path / "b" / "shard-000.zarr")
@@ -389,7 +402,7 @@ def test_disk_full_names_store_space_and_resumes_bit_exact(
 
     import zarr.storage
 
-    from eyrie.extract.shard import ExtractError
+    from eyrie.common.errors import ExtractError
 
     real_set, calls = zarr.storage.LocalStore.set, {"commit": 0}
     import eyrie.store.shard as store_mod

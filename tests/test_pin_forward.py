@@ -15,9 +15,9 @@ import pytest
 from test_extract import EXTRACT, run
 from test_write_process import file_hashes, setup  # noqa: F401 (the module's fixture)
 
+from eyrie.common.errors import ExtractError
 from eyrie.extract import cpus
 from eyrie.extract.cpus import forward_cpu_plan, forward_pinned, threads_of
-from eyrie.extract.split import ExtractError
 from eyrie.store.background import BackgroundWriter
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux")

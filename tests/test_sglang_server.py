@@ -31,8 +31,9 @@ from e2e.harness import STANDIN
 from e2e.standin import StandIn, serve
 from tiny_target import build_llama, write_split
 
+from eyrie.data.errors_table import read_errors
 from eyrie.extract.sglang import SglangError
-from eyrie.extract.shard import Interrupted, extract_shard, read_errors
+from eyrie.extract.shard import ShardTask, extract_shard
 from eyrie.sglang.launch import capture_command, check_server_args
 from eyrie.sglang.patch.bundle import build_bundle
 from eyrie.sglang.patch.hooks import hook_specs
@@ -195,9 +196,12 @@ def world(tmp_path_factory):
     return {"root": root, "target": target, "data": data, "release": release, "manifest": manifest}
 
 
-def run(root: Path, name: str, capture: dict, target, data, **kw):
+def run(root: Path, name: str, capture: dict, target, data, stop_after=None, **kw):
+    """Extract into root/name; stop_after=N: stop after N commits (test_extract.stopped)."""
+    from test_extract import stopped
+
     capture = {"aux_layer_ids": None, **capture}
-    return extract_shard(
+    task = ShardTask(
         data_path=data,
         target_path=target,
         split="train",
@@ -211,6 +215,9 @@ def run(root: Path, name: str, capture: dict, target, data, **kw):
         progress=False,
         **kw,
     )
+    if stop_after is not None:
+        return stopped(task, stop_after)
+    return extract_shard(**vars(task))
 
 
 def sglang_capture(world, **sglang) -> dict:
@@ -319,8 +326,7 @@ def test_external_server_and_resume_after_a_kill(world, tmp_path, monkeypatch):
     dump = tmp_path / "dump"
     with external(world, monkeypatch, dump) as url:
         capture = sglang_capture(world, url=url, dump_dir=str(dump), concurrency=3)
-        with pytest.raises(Interrupted):
-            run(tmp_path, "ext", capture, world["target"], world["data"], stop_after_commits=1)
+        run(tmp_path, "ext", capture, world["target"], world["data"], stop_after=1)
         work = tmp_path / "ext" / ".work" / "shard-000.zarr"
         assert json.loads((work / "commit.json").read_text())["num_samples"] == 4
         run(tmp_path, "ext", capture, world["target"], world["data"])

@@ -1,4 +1,4 @@
-"""The extract job's writer in a process of its own (eyrie/extract/write_process.py).
+"""The extract job's writer in a process of its own (eyrie/store/writer_process.py).
 
 The writer thread is the reference: the same job with the writer in a child process must leave
 the same bytes, the same errors table, the same resume after a SIGKILL, and errors of the same
@@ -22,17 +22,14 @@ from test_extract import CAPTURE, EXTRACT, driver, errors_rows, kill_and_resume,
 from tiny_target import build_llama, write_split
 
 from eyrie.common.disk_full import is_disk_full
-from eyrie.extract.shard import ExtractError
-from eyrie.extract.write_process import (
-    WriterProcess,
-    WriterProcessError,
-    rebuilt,
-    use_writer_process,
-)
+from eyrie.common.errors import ExtractError
+from eyrie.extract.job import layout
+from eyrie.extract.writing import use_writer_process
 from eyrie.store.format import StoreError
 from eyrie.store.lock import StoreLock
-from eyrie.store.slabs import supported
+from eyrie.store.slabs import SlabPool, supported
 from eyrie.store.writer import ShardWriter
+from eyrie.store.writer_process import WriterProcess, WriterProcessError, rebuilt
 
 pytestmark = pytest.mark.skipif(not supported(), reason="the writer process needs Linux")
 
@@ -186,13 +183,12 @@ def sample(i: int, n: int = 5):
     )
 
 
-def open_process(path: Path, lock: StoreLock, groups) -> WriterProcess:
+def open_process(path: Path, lock: StoreLock, groups, pool=None) -> WriterProcess:
     committed = ShardWriter(path, lock=lock, **KW)
     committed.close()
-    child = WriterProcess()
-    child.open(
-        path, lock, KW, committed=committed, groups=groups, batch_size=2, slabs=2, cuda=False
-    )
+    child = WriterProcess(pool=pool)
+    layouts = [layout(g, 2) for g in groups]
+    child.open(path, lock, KW, committed=committed, layouts=layouts, slabs=2, cuda=False)
     return child
 
 
@@ -201,7 +197,7 @@ def captured(child: WriterProcess, group, seed: int):
     (eyrie.extract.hf: one padded buffer per batch, rows are views of it)."""
     from eyrie.extract.job import batches
 
-    slab = child.slab_for(group, 2)
+    slab = child.slab_for(layout(group, 2))
     rng = np.random.default_rng(seed)
     rows = {}
     for batch in batches(group, 2):
@@ -247,7 +243,7 @@ def test_groups_sent_ahead_are_committed_in_order_and_reported_in_order(tmp_path
         for slab, rows in sent:
             child.send_group(rows, slab)
         assert child._free == []  # every slab is with the child until its report
-        with pytest.raises(ExtractError, match="3 groups still unreported"):
+        with pytest.raises(StoreError, match="3 groups still unreported"):
             child.finish()
         reports = [child.take_report() for _ in groups]
         assert [r["stored"] for r in reports] == [[0, 1], [2], [3, 4]]
@@ -263,11 +259,11 @@ def test_groups_sent_ahead_are_committed_in_order_and_reported_in_order(tmp_path
 def test_the_slabs_are_made_when_the_store_opens_not_between_captures(tmp_path, monkeypatch):
     """open() makes every slab the planned groups will use (registering one with CUDA pins each
     page, work that would otherwise stand between two batches' forwards); the captures then
-    only take them: no slab is made after open for groups that were planned."""
-    import eyrie.extract.write_process as write_process
+    only take them: no slab is made after open for groups that were planned. A pool the next
+    writer process shares keeps them for it."""
+    import eyrie.store.writer_process as write_process
 
-    monkeypatch.setattr(write_process, "_SPARE", [])  # no slab kept from other tests
-    made = []
+    made, pool = [], SlabPool(keep=8)
 
     class CountedSlab(write_process.Slab):
         def __init__(self, *args, **kwargs):
@@ -278,10 +274,10 @@ def test_the_slabs_are_made_when_the_store_opens_not_between_captures(tmp_path, 
     path = tmp_path / "s.zarr"
     lock = StoreLock(path).acquire()
     groups = [[sample(0), sample(1)], [sample(2)], [sample(3), sample(4, n=9)]]
-    child = open_process(path, lock, groups)  # at most 2 slabs (queue 0 + 2)
+    child = open_process(path, lock, groups, pool)  # at most 2 slabs (queue 0 + 2)
     try:
         assert len(made) == 2 and child._free == made and child.slab_seconds > 0
-        planned = max(child.need(g, 2) for g in groups)
+        planned = max(child.need(layout(g, 2)) for g in groups)
         assert all(slab.nbytes >= planned for slab in made)
         for i, group in enumerate(groups):
             slab, rows = captured(child, group, i)
@@ -294,7 +290,7 @@ def test_the_slabs_are_made_when_the_store_opens_not_between_captures(tmp_path, 
         lock.release()
     one = tmp_path / "one.zarr"
     lock = StoreLock(one).acquire()
-    child = open_process(one, lock, groups[:1])  # one group: one slab, not the most allowed
+    child = open_process(one, lock, groups[:1], pool)  # one group: one slab, not the most allowed
     try:
         assert len(child._slabs) == 1 and child._slabs[0] in made  # kept by the first writer
         assert len(made) == 2
@@ -303,12 +299,9 @@ def test_the_slabs_are_made_when_the_store_opens_not_between_captures(tmp_path, 
         lock.release()
 
 
-def test_a_group_larger_than_planned_gets_a_larger_slab(tmp_path, monkeypatch):
+def test_a_group_larger_than_planned_gets_a_larger_slab(tmp_path):
     """Slabs are sized for the planned groups; a larger one replaces a free slab (the child
     lets go of the old one) and its samples are stored as any others."""
-    import eyrie.extract.write_process as write_process
-
-    monkeypatch.setattr(write_process, "_SPARE", [])  # no slab kept from other tests
     path = tmp_path / "s.zarr"
     lock = StoreLock(path).acquire()
     small = [[sample(0)], [sample(1)]]
@@ -387,7 +380,7 @@ def test_a_full_disk_in_the_writer_is_still_a_full_disk():
     )
     assert isinstance(exc, OSError) and is_disk_full(exc) and exc.filename == "x"
     other = rebuilt({**error, "type": "KeyError", "errno": None}, Path("s"))
-    assert isinstance(other, ExtractError) and "writer process of s failed: KeyError" in str(other)
+    assert isinstance(other, StoreError) and "writer process of s failed: KeyError" in str(other)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -452,14 +445,14 @@ def test_available_memory_reads_meminfo_and_a_cgroup_limit(tmp_path):
 def test_slabs_larger_than_memory_left_fail_before_any_capture(setup, tmp_path, monkeypatch):
     """The job stops with the sizes and the fixes before it captures (slabs registered for
     the GPU's copies cannot be swapped: past the memory left the job would be killed)."""
-    import eyrie.extract.write_process as write_process
+    import eyrie.store.writer_process as write_process
     from eyrie.extract.hf import HFCapture
 
     captured = []
     monkeypatch.setattr(write_process, "available_memory", lambda: 4096)
     monkeypatch.setattr(HFCapture, "capture_pending", lambda *a, **k: captured.append(1))
     out = tmp_path / "small"
-    with pytest.raises(ExtractError) as info:
+    with pytest.raises(StoreError) as info:
         run(setup, out, extract={**EXTRACT, "writer_process": True})
     message = str(info.value)
     assert "writer process needs up to" in message and "this job has 4.1 KB left" in message

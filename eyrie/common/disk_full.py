@@ -165,7 +165,7 @@ def message(
 
 
 def for_extract(work_store, out_store, writer, good, aux_ids, hidden) -> str:
-    """message() for eyrie.extract.shard: `writer` (a ShardWriter, or None when it never opened) and
+    """message() for eyrie.extract.shard: `writer` (the store's, or None when it never opened) and
     `good` (the samples that tokenized) give the tokens stored and left."""
     done = set(writer.committed_ids) if writer is not None else set()
     return message(

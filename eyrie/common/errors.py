@@ -15,3 +15,10 @@ class EyrieError(Exception):
 def known_errors() -> tuple[type[Exception], ...]:
     """The failures with a plain message (shown as is); anything else is a bug to trace."""
     return (EyrieError, FileNotFoundError)
+
+
+class ExtractError(EyrieError, RuntimeError):
+    """Extraction cannot start or go on; the message names the input and the fix.
+
+    Here, not in eyrie.extract, because the split reading that validation shares raises it too
+    (eyrie.data.split)."""

@@ -18,7 +18,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from eyrie.extract.split import ExtractError
+from eyrie.common.errors import ExtractError
 
 log = logging.getLogger("eyrie.extract.cpus")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eyrie.extract.split import ExtractError
+from eyrie.common.errors import ExtractError
 from eyrie.sglang.patch import protocol as proto
 
 

@@ -332,10 +332,11 @@ class HFBackend:
 
     backend, label = "hf", ""
     seconds_keys = ("setup", "capture", "write", "wait", "total")
+    writer_queue = 1
 
-    def __init__(self, capture: dict, *, architecture=None, target=None, writer_queue: int = 1):
+    def __init__(self, capture: dict, *, architecture=None, target=None):
         self.capture_cfg, self.architecture = capture, architecture
-        self.target, self.writer_queue = target, writer_queue
+        self.target = target
         self.aux_ids: list[int] = []
         self.graphs: str | bool = False  # capture.cuda_graphs, resolved for the loaded target
         self._graph_stats = (0, 0.0)  # the last session's (graphs captured, seconds)

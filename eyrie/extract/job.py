@@ -11,15 +11,13 @@ Resume is bit-exact: the samples that tokenize cleanly are cut into fixed commit
 group is captured in the same batches (by length, within the group) whether or not the job was
 interrupted before it. A group is committed as a whole, then the errors table is rewritten.
 Samples that cannot be extracted are listed in the errors table, never dropped silently (see
-eyrie.extract.table). Samples cut at dataset.max_tokens are stored (cut) and counted in the log
+eyrie.data.errors_table). Samples cut at dataset.max_tokens are stored (cut) and counted in the log
 and the outcome.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,15 +27,11 @@ import torch
 
 from eyrie.common import atomic
 from eyrie.common.config import config_hash
+from eyrie.common.errors import ExtractError
 from eyrie.common.progress import bar as progress_bar
 from eyrie.common.provenance import file_sha256
-from eyrie.extract.split import (
-    ExtractError,
-    TokenizedSample,
-)
-from eyrie.extract.table import read_errors, write_errors
-from eyrie.store.lock import StoreLock
-from eyrie.store.shard import ShardReader, ShardWriter, StoreError
+from eyrie.data.errors_table import read_errors, write_errors
+from eyrie.extract.tokens import TokenizedSample
 
 log = logging.getLogger("eyrie.extract.shard")
 
@@ -80,6 +74,7 @@ class Capture(Protocol):
     label: str  # added to the progress bar's description
     seconds_keys: tuple[str, ...]  # the outcome's timings
     writer_queue: int  # groups waiting for the writer thread; 0 writes on the job's thread
+    # (eyrie.extract.writing picks the store's writer from it)
 
     def prepare(self, target_path, aux_ids: list[int]) -> Prepared:
         """Check the backend against the target and load what tokenizing needs."""
@@ -128,24 +123,10 @@ def batches(group: list[TokenizedSample], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def open_writer(path: Path, *, provenance: dict, lock: StoreLock, **kwargs) -> ShardWriter:
-    """Resume a scratch store, or start it again when it was begun with another setup.
-
-    `lock` must be held for `path`: a store another process writes is never looked at here.
-    """
-    if not (lock.held and lock.store == path):
-        raise ExtractError(f"{path}: opening a scratch store needs its lock held")
-    if path.exists():
-        try:
-            old = ShardReader(path, require_complete=False).attrs.get("provenance")
-        except StoreError as exc:
-            log.warning("scratch store %s is unusable (%s); starting it again", path, exc)
-            old = None
-        normal = json.loads(json.dumps(provenance))
-        if old != normal:
-            log.warning("scratch store %s was begun with another setup; starting again", path)
-            shutil.rmtree(path)
-    return ShardWriter(path, provenance=provenance, lock=lock, **kwargs)
+def layout(group: list[TokenizedSample], batch_size: int) -> list[list[int]]:
+    """A group's batches as the capture runs them, each as its samples' token counts (what a
+    writer process sizes the shared memory the group is captured into by)."""
+    return [[len(group[i].input_ids) for i in batch] for batch in batches(group, batch_size)]
 
 
 def provenance_for(

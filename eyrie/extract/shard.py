@@ -1,51 +1,55 @@
 """Extract one shard of one split: tokenize, capture, and append to a shard store.
 
-capture.backend picks the capture (eyrie.extract.job.Capture): `hf` runs the target in-process
-(eyrie.extract.hf), `sglang` sends the samples to a patched SGLang server (eyrie.extract.sglang).
-Everything around it exists once, here and in eyrie.extract.job: the scratch store and its lock,
-commit groups and bit-exact resume, the errors table, disk-full handling, the outcome.
+`extract_shard` runs an ExtractJob, whose three steps are the pipeline:
+
+- plan: read the shard's samples and tokenize them, lock and resume the scratch store
+  (eyrie.extract.job: a killed job's rerun goes on from its last commit), and cut what is left
+  into commit groups;
+- run: capture each group (eyrie.extract.job.Capture: `hf` runs the target in-process,
+  eyrie.extract.hf; `sglang` sends the samples to a patched server, eyrie.extract.sglang) and
+  hand it to the store's writer (eyrie.store.group_writer), which commits the groups in order
+  while the next one is captured;
+- place: finish the store, then move it and its errors table into place.
+
+A sample that cannot be extracted is listed in the errors table (eyrie.data.errors_table),
+never dropped; a full disk stops the job with the space it needs.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from eyrie.common.disk_full import for_extract, is_disk_full
+from eyrie.common.errors import ExtractError
+from eyrie.data.errors_table import count_reasons, write_errors
+from eyrie.data.split import read_split, shard_members
 from eyrie.extract.cpus import forward_cpu_plan, forward_pinned
 from eyrie.extract.job import (
+    Capture,
     Outcome,
     Resolve,
     count_cuts,
-    open_writer,
+    layout,
     place_store,
     provenance_for,
     resume_plan,
     work_paths,
 )
-from eyrie.extract.split import (
-    ExtractError,
-    Interrupted,
-    Record,
-    read_split,
-    resolve_aux_layer_ids,
-    shard_members,
-    tokenize,
-)
-from eyrie.extract.table import ERROR_COLUMNS, count_reasons, read_errors, write_errors
-from eyrie.extract.write_process import WriterProcess, store_group, use_writer_process
-from eyrie.store.background import start_writer
+from eyrie.extract.timer import Timer
+from eyrie.extract.tokens import tokenize
+from eyrie.extract.writing import writing_for
 from eyrie.store.codecs import shard_tokens_for
+from eyrie.store.group_writer import GroupWriter, Writing
 from eyrie.store.lock import StoreLock
-from eyrie.store.writer import SHARD_ENCODER
+from eyrie.target.layers import resolve_aux_layer_ids
 
 log = logging.getLogger("eyrie.extract.shard")
-# extract settings that change only speed: left out of a store's provenance (shard_encoder is
-# not in the config schema: benchmarks/bench_extract.py sets it to compare the two writers)
-WRITER_KNOBS = ("writer_threads", "writer_process", "shard_encoder", "pin_forward")
+# extract settings that change only speed: left out of a store's provenance
+WRITER_KNOBS = ("writer_threads", "writer_process", "pin_forward")
 # capture.sglang settings that say how to reach and wait on the server, not what it computes:
 # left out of the provenance too, so that a rerun after a server's fault resumes the store with
 # a restarted server (a new url) or a lower concurrency instead of starting it again
@@ -62,20 +66,59 @@ SERVER_KNOBS = (
     "health_timeout_s",
 )
 
-__all__ = [
-    "ERROR_COLUMNS",
-    "ExtractError",
-    "Interrupted",
-    "Outcome",
-    "Record",
-    "extract_shard",
-    "read_errors",
-    "read_split",
-    "resolve_aux_layer_ids",
-    "shard_members",
-    "work_paths",
-    "write_errors",
-]
+
+@dataclass(frozen=True)
+class ShardTask:
+    """What an extract job is asked: shard `shard` of extract.shards of a split file."""
+
+    data_path: str | Path
+    target_path: str | Path
+    split: str
+    shard: int
+    out_store: str | Path
+    errors_csv: str | Path
+    capture: dict
+    extract: dict
+    max_tokens: int
+    architecture: str | None = None
+    commit_every: int = 64  # samples per commit (rounded up to whole batches)
+    weights_cache: str | Path | None = None
+    progress: bool = True
+
+
+def extract_shard(*, target=None, **task) -> Outcome:
+    """Extract a shard from a split file into its store (`task`: ShardTask's fields).
+
+    `target` may hold the already loaded eyrie.target.load.Target of `target_path` (to run
+    several shards, or a benchmark, with one model); by default the target is loaded here (the
+    SGLang backend only takes its tokenizer).
+    """
+    task = ShardTask(**task)
+    return ExtractJob(task, capture_for(task, target)).execute()
+
+
+def capture_for(task: ShardTask, target=None) -> Capture:
+    """The capture capture.backend names."""
+    backend = task.capture.get("backend", "hf")
+    if backend == "sglang":
+        from eyrie.extract.sglang import SglangBackend
+
+        return SglangBackend(
+            task.capture,
+            split=task.split,
+            shard=task.shard,
+            out_store=task.out_store,
+            errors_csv=task.errors_csv,
+            architecture=task.architecture,
+            target=target,
+        )
+    if backend == "hf":
+        from eyrie.extract.hf import HFBackend
+
+        return HFBackend(task.capture, architecture=task.architecture, target=target)
+    raise ExtractError(
+        f"capture.backend {backend!r}: this extractor runs the target in-process (backend 'hf')"
+    )
 
 
 def stored_capture(capture: dict, aux_ids: list[int]) -> dict:
@@ -86,260 +129,249 @@ def stored_capture(capture: dict, aux_ids: list[int]) -> dict:
     return out
 
 
-def extract_shard(
-    *,
-    data_path: str | Path,
-    target_path: str | Path,
-    split: str,
-    shard: int,
-    out_store: str | Path,
-    errors_csv: str | Path,
-    capture: dict,
-    extract: dict,
-    max_tokens: int,
-    architecture: str | None = None,
-    commit_every: int = 64,
-    weights_cache: str | Path | None = None,
-    stop_after_commits: int | None = None,
-    progress: bool = True,
-    target=None,
-    writer_queue: int = 1,
-) -> Outcome:
-    """Extract shard `shard` of extract.shards from a split file into `out_store`.
+class ExtractJob:
+    """One extract job: plan, run, place; `execute` runs the three and returns the outcome.
 
-    `target` may hold the already loaded eyrie.target.load.Target of `target_path` (to run several
-    shards, or a benchmark, with one model); by default the target is loaded here (the SGLang
-    backend only takes its tokenizer). With the transformers backend, compression, checksums and
-    commits run on a writer thread while the next group is captured, with at most
-    `writer_queue` captured groups waiting for it; 0 writes on this thread. The SGLang backend
-    writes as the dumps arrive.
+    A test or a benchmark may pick the store's writer (`writing`; by default the config's
+    extract.writer_process on the target's device), and may run the steps itself: a job whose
+    `groups` are cut short after plan and that is closed after run, without place, leaves its
+    scratch store at the last of those commits, as a killed job does.
     """
-    backend = capture.get("backend", "hf")
-    if backend == "sglang":
-        from eyrie.extract.sglang import SglangBackend
 
-        cap = SglangBackend(
-            capture,
-            split=split,
-            shard=shard,
-            out_store=out_store,
-            errors_csv=errors_csv,
-            architecture=architecture,
-            target=target,
-        )
-    elif backend == "hf":
-        from eyrie.extract.hf import HFBackend
+    def __init__(self, task: ShardTask, capture: Capture, writing: Writing | None = None):
+        self.task, self.cap, self.writing = task, capture, writing
+        self.timer = Timer(capture.seconds_keys)
+        batch_size = int(task.capture.get("batch_size", 8))
+        self.batch_size = batch_size
+        self.commit_every = max(batch_size, -(-int(task.commit_every) // batch_size) * batch_size)
+        self.out_store, self.errors_csv = Path(task.out_store), Path(task.errors_csv)
+        self.work_store, self.work_errors = work_paths(self.out_store, self.errors_csv)
+        self.writer: GroupWriter | None = None
+        self.lock: StoreLock | None = None
+        self.groups: list = []  # the commit groups left to capture (plan)
+        self.errors: dict = {}  # line -> (sample_id, reason, detail): the errors table
+        self.table_written = None  # the errors as the table on disk holds them
+        self.tokens_done = 0  # tokens committed by this run
+        self.samples = self.tokens = 0  # in the finished store (place)
 
-        cap = HFBackend(
-            capture, architecture=architecture, target=target, writer_queue=writer_queue
-        )
-    else:
-        raise ExtractError(
-            f"capture.backend {backend!r}: this extractor runs the target in-process (backend 'hf')"
-        )
-    from eyrie.target.load import num_hidden_layers
+    def execute(self) -> Outcome:
+        """Plan, run and place; the outcome once the store is in place and unlocked."""
+        try:
+            with self:
+                self.plan()
+                self.run()
+                self.place()
+        except OSError as exc:
+            if self.lock is None or not is_disk_full(exc):
+                raise
+            raise ExtractError(self.disk_full()) from exc
+        return self.outcome()
 
-    start = time.perf_counter()
-    seconds = dict.fromkeys(cap.seconds_keys, 0.0)
-    shards = int(extract["shards"])
-    batch_size = int(capture.get("batch_size", 8))
-    commit_every = max(batch_size, -(-int(commit_every) // batch_size) * batch_size)
-    out_store, errors_csv = Path(out_store), Path(errors_csv)
-    work_store, work_errors = work_paths(out_store, errors_csv)
+    def __enter__(self) -> ExtractJob:
+        return self
 
-    members = shard_members(read_split(data_path), shard, shards)
-    aux_ids = resolve_aux_layer_ids(capture.get("aux_layer_ids"), num_hidden_layers(target_path))
-    ready = cap.prepare(target_path, aux_ids)
-    child = None  # the writer process, started now: it imports while the job tokenizes
-    if cap.writer_queue > 0 and use_writer_process(
-        extract.get("writer_process", "auto"), ready.device.type, cap.backend
-    ):
-        child = WriterProcess()
-    try:
-        pin_plan = forward_cpu_plan(
-            extract.get("pin_forward", "auto"),
-            writer_process=child is not None,
-            device_type=ready.device.type,
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the writer and let go of the store's lock (the store stays at its last commit)."""
+        if self.writer is not None:
+            self.writer.close()
+        if self.lock is not None:
+            self.lock.release()
+
+    # -- plan -------------------------------------------------------------------------------------
+
+    def plan(self) -> None:
+        """Tokenize the shard's samples, resume the scratch store and cut the rest into groups."""
+        from eyrie.target.load import num_hidden_layers
+
+        task, cap = self.task, self.cap
+        self.members = shard_members(read_split(task.data_path), task.shard, self.shards)
+        configured = task.capture.get("aux_layer_ids")
+        self.aux_ids = resolve_aux_layer_ids(configured, num_hidden_layers(task.target_path))
+        self.ready = cap.prepare(task.target_path, self.aux_ids)
+        device = self.ready.device.type
+        if self.writing is None:
+            self.writing = writing_for(task.extract, cap.writer_queue, device, cap.backend)
+        # a writer process starts now: it imports while the job tokenizes and hashes
+        self.writer = GroupWriter(self.writing)
+        self.pin = forward_cpu_plan(
+            task.extract.get("pin_forward", "auto"),
+            writer_process=self.writing.mode == "process",
+            device_type=device,
         )
-        good, errors = tokenize(ready.tokenizer, members, max_tokens)
-        sources = {r.line: r.source for r in members}
+        self.good, self.errors = tokenize(self.ready.tokenizer, self.members, task.max_tokens)
+        self.sources = {r.line: r.source for r in self.members}
+        contents = self.store_contents()
+        # locked before the scratch store is looked at; held until the store is in place
+        self.lock = StoreLock(self.work_store).acquire()
+        self.writer.open(self.work_store, self.lock, **contents)
+        self.groups, self.bar = resume_plan(
+            self.writer,
+            self.work_store,
+            self.work_errors,
+            self.good,
+            self.errors,
+            self.members,
+            self.commit_every,
+            desc=f"extract {task.split}/{task.shard:03d}{cap.label}",
+            progress=task.progress,
+        )
+
+    @property
+    def shards(self) -> int:
+        return int(self.task.extract["shards"])
+
+    def store_contents(self) -> dict:
+        """ShardWriter's arguments that say what the store holds, its provenance with them."""
+        task, ready, extract = self.task, self.ready, self.task.extract
         settings = {
-            "capture": stored_capture(capture, aux_ids),
+            "capture": stored_capture(task.capture, self.aux_ids),
             # how fast the writer goes is no part of what the store holds (nor a reason to restart)
             "extract": {k: v for k, v in extract.items() if k not in WRITER_KNOBS},
-            "max_tokens": int(max_tokens),
-            "commit_every": commit_every,
+            "max_tokens": int(task.max_tokens),
+            "commit_every": self.commit_every,
             "architecture": ready.architecture,
             **ready.settings,
         }
         provenance = provenance_for(
-            target_path,
-            backend=cap.backend,
-            split=split,
-            shard=shard,
-            shards=shards,
-            data_path=data_path,
+            task.target_path,
+            backend=self.cap.backend,
+            split=task.split,
+            shard=task.shard,
+            shards=self.shards,
+            data_path=task.data_path,
             settings=settings,
             device=ready.device,
             dtype=ready.dtype,
-            weights_cache=weights_cache,
+            weights_cache=task.weights_cache,
         )
         if ready.dtype_label is not None:
             provenance["dtype"] = ready.dtype_label
-        hidden = ready.hidden_size
         chunk_tokens = int(extract.get("chunk_tokens", 256))
-        # Locked before the scratch store is looked at; held until the store is in place.
-        lock = StoreLock(work_store).acquire()
-    except BaseException:
-        if child is not None:
-            child.close()
-        raise
-    writer = None
-    try:
-        writer_kwargs = {
-            "hidden_size": hidden,
-            "aux_layer_ids": aux_ids,
+        shard_tokens = extract.get("shard_tokens", "auto")
+        return {
+            "hidden_size": ready.hidden_size,
+            "aux_layer_ids": self.aux_ids,
             "provenance": provenance,
             "chunk_tokens": chunk_tokens,
             "shard_tokens": shard_tokens_for(
-                extract.get("shard_tokens", "auto"), chunk_tokens, hidden, len(aux_ids)
+                shard_tokens, chunk_tokens, ready.hidden_size, len(self.aux_ids)
             ),
             "precision": str(extract.get("precision", "lossless")),
-            "writer_threads": extract.get("writer_threads", "auto"),
-            "shard_encoder": extract.get("shard_encoder", SHARD_ENCODER),
         }
-        writer = open_writer(work_store, lock=lock, **writer_kwargs)
-        try:
-            groups, bar = resume_plan(
-                writer,
-                work_store,
-                work_errors,
-                good,
-                errors,
-                members,
-                commit_every,
-                desc=f"extract {split}/{shard:03d}{cap.label}",
-                progress=progress,
-            )
-            t0, commits, done = time.monotonic(), 0, {"tokens": 0}
-            table = {"written": None}  # the errors as the table on disk holds them
-            if child is not None and groups:  # it opens the store, under this job's lock
-                committed, writer = writer, None
-                committed.close()
-                child.open(
-                    work_store,
-                    lock,
-                    writer_kwargs,
-                    committed=committed,
-                    groups=groups,
-                    batch_size=batch_size,
-                    slabs=cap.writer_queue + 2,
-                    cuda=ready.device.type == "cuda",
-                )
-                writer = child
-                seconds["slabs"] = child.slab_seconds  # part of the setup
 
-            in_flight = collections.deque()  # groups the writer process has, not reported
+    # -- run --------------------------------------------------------------------------------------
 
-            def write_group(group, resolve: Resolve, slab=None):  # on the writer thread
-                tick = time.perf_counter()
-                rows = []
-                for g, res in zip(group, resolve(), strict=True):
-                    if isinstance(res[0], str):  # ("error", reason, detail)
-                        errors[g.line] = (g.sample_id, res[1], res[2])
-                        continue
-                    rows.append((g.line, g.sample_id, g.input_ids, g.loss_mask, *res))
-                if slab is None:
-                    record(group, store_group(writer, rows))
-                else:  # sent; the one before commits meanwhile, then this one at once
-                    writer.send_group(rows, slab)
-                    in_flight.append(group)
-                    if len(in_flight) > 1:
-                        record(in_flight.popleft(), writer.take_report())
-                seconds["write"] += time.perf_counter() - tick
+    def run(self) -> None:
+        """Capture each group left and hand it to the writer, which commits it meanwhile."""
+        groups, timer = self.groups, self.timer
+        self.t0 = time.monotonic()
+        layouts = [layout(g, self.batch_size) for g in groups]
+        with (
+            self.writer.writing(layouts, cuda=self.ready.device.type == "cuda") as writer,
+            self.cap.session(bool(groups), self.batch_size) as submit,
+            forward_pinned(
+                self.pin if groups and self.writing.mode != "inline" else None,
+                writer_threads=writer.thread_ids,
+                writer_pids=writer.pids,
+            ),
+        ):
+            if writer.slab_seconds is not None:
+                timer.seconds["slabs"] = writer.slab_seconds  # part of the setup
+            timer.since_start("setup")  # the writer's slabs and a server's start included
+            for group, shape in zip(groups, layouts, strict=True):
+                self.capture(group, shape, submit)
+            writer.submit(self.flush)
+        if "wait" in timer.seconds:
+            timer.seconds["wait"] = writer.waited_s
+        if writer.busy_s is not None:
+            timer.seconds["writer_process_busy"] = writer.busy_s
+        self.bar.close()
 
-            def drain():  # on the writer thread: the reports of every group sent
-                tick = time.perf_counter()
-                while in_flight:
-                    record(in_flight.popleft(), writer.take_report())
-                seconds["write"] += time.perf_counter() - tick
+    def capture(self, group, shape, submit) -> None:
+        """Capture a group (into the writer's buffer where it has one); its write is queued."""
+        with self.timer.adding("capture"):
+            buffer = self.writer.buffer_for(shape)
+            resolve = submit(group) if buffer is None else submit(group, buffer.tensor)
+        self.writer.submit(self.write, group, resolve, buffer)  # commits in order
+        self.bar.update(len(group))
+        rate = self.tokens_done / max(time.monotonic() - self.t0, 1e-9)
+        self.bar.set_postfix(tok_s=f"{rate:.0f}")
 
-            def record(group, report: dict) -> None:  # a commit's report: errors, counts
-                sample_ids = {g.line: g.sample_id for g in group}
-                for line in report["non_finite"]:
-                    errors[line] = (sample_ids[line], "non_finite", "the target gave NaN or Inf")
-                for line in report["stored"]:
-                    errors.pop(line, None)
-                done["tokens"] += report["tokens"]
-                if errors != table["written"] or not work_errors.exists():
-                    # rewritten only when it changed: a table (pandas, temp, fsync, rename)
-                    # after every commit held the GIL the forward pass launches kernels with
-                    write_errors(work_errors, errors, sources)
-                    table["written"] = dict(errors)
+    def write(self, group, resolve: Resolve, buffer) -> None:
+        """On the writer's thread: a group's rows committed, the samples the capture refused
+        listed instead."""
+        with self.timer.adding("write"):
+            rows = []
+            for g, res in zip(group, resolve(), strict=True):
+                if isinstance(res[0], str):  # ("error", reason, detail)
+                    self.errors[g.line] = (g.sample_id, res[1], res[2])
+                    continue
+                rows.append((g.line, g.sample_id, g.input_ids, g.loss_mask, *res))
+            for done, report in self.writer.write(group, rows, buffer):
+                self.record(done, report)
 
-            seconds["setup"] = time.perf_counter() - start
-            with (
-                start_writer(cap.writer_queue) as bg,
-                cap.session(bool(groups), batch_size) as submit,
-                forward_pinned(
-                    pin_plan if groups and cap.writer_queue > 0 else None,
-                    writer_threads=bg.thread_ids,
-                    writer_pids=[child.pid] if writer is child else [],
-                ),
-            ):
-                seconds["setup"] = time.perf_counter() - start  # a server may have started
-                for group in groups:
-                    tick = time.perf_counter()
-                    if isinstance(writer, WriterProcess):  # captured into shared memory
-                        slab = writer.slab_for(group, batch_size)
-                        resolve = submit(group, slab.tensor)
-                    else:
-                        slab, resolve = None, submit(group)
-                    seconds["capture"] += time.perf_counter() - tick
-                    bg.submit(write_group, group, resolve, slab)  # commits in order
-                    commits += 1
-                    bar.update(len(group))
-                    rate = done["tokens"] / max(time.monotonic() - t0, 1e-9)
-                    bar.set_postfix(tok_s=f"{rate:.0f}")
-                    if stop_after_commits is not None and commits >= stop_after_commits:
-                        bg.submit(drain)
-                        bg.wait()  # the commits asked for are on disk
-                        raise Interrupted(f"stopped after {commits} commits (as asked)")
-                bg.submit(drain)
-            if "wait" in seconds:
-                seconds["wait"] = bg.waited_s
-            if writer is child:
-                seconds["writer_process_busy"] = child.busy_s
-            bar.close()
-            writer.finish()
-            outcome = Outcome(out_store, errors_csv, writer.num_samples, writer.num_tokens)
-        finally:
-            if writer is not None:
-                writer.close()
-        place_store(work_store, work_errors, out_store, errors_csv, errors, sources)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        raise ExtractError(
-            for_extract(work_store, out_store, writer, good, aux_ids, hidden)
-        ) from exc
-    finally:
-        if child is not None and writer is not child:  # never opened (nothing left to do)
-            child.close()
-        lock.release()
-    with contextlib.suppress(OSError):
-        work_store.parent.rmdir()  # only when empty
-    outcome.errors = count_reasons(errors)
-    count_cuts(outcome, good, errors, max_tokens)
-    seconds["total"] = time.perf_counter() - start
-    outcome.seconds = seconds
-    cap.finish(outcome)
-    log.info(
-        "%s: %d samples, %d tokens, %d errors %s",
-        out_store,
-        outcome.samples,
-        outcome.tokens,
-        len(errors),
-        outcome.errors,
-    )
-    return outcome
+    def flush(self) -> None:
+        """On the writer's thread: the reports of every group the writer still has."""
+        with self.timer.adding("write"):
+            for done, report in self.writer.flush():
+                self.record(done, report)
+
+    def record(self, group, report: dict) -> None:
+        """A commit's report: its non-finite samples listed, its stored ones counted."""
+        sample_ids = {g.line: g.sample_id for g in group}
+        for line in report["non_finite"]:
+            self.errors[line] = (sample_ids[line], "non_finite", "the target gave NaN or Inf")
+        for line in report["stored"]:
+            self.errors.pop(line, None)
+        self.tokens_done += report["tokens"]
+        if self.errors != self.table_written or not self.work_errors.exists():
+            # rewritten only when it changed: a table (pandas, temp, fsync, rename) after
+            # every commit held the GIL the forward pass launches kernels with
+            write_errors(self.work_errors, self.errors, self.sources)
+            self.table_written = dict(self.errors)
+
+    # -- place ------------------------------------------------------------------------------------
+
+    def place(self) -> None:
+        """Finish the store, then put it and its errors table in place."""
+        self.writer.finish()
+        self.samples, self.tokens = self.writer.num_samples, self.writer.num_tokens
+        self.writer.close()  # a writer process lets go of the store before it moves
+        place_store(
+            self.work_store,
+            self.work_errors,
+            self.out_store,
+            self.errors_csv,
+            self.errors,
+            self.sources,
+        )
+
+    def outcome(self) -> Outcome:
+        """What the job did, once the store is in place and its lock released."""
+        with contextlib.suppress(OSError):
+            self.work_store.parent.rmdir()  # only when empty
+        out = Outcome(self.out_store, self.errors_csv, self.samples, self.tokens)
+        out.errors = count_reasons(self.errors)
+        count_cuts(out, self.good, self.errors, self.task.max_tokens)
+        self.timer.since_start("total")
+        out.seconds = self.timer.seconds
+        self.cap.finish(out)
+        log.info(
+            "%s: %d samples, %d tokens, %d errors %s",
+            out.store,
+            out.samples,
+            out.tokens,
+            len(self.errors),
+            out.errors,
+        )
+        return out
+
+    def disk_full(self) -> str:
+        """The message for a full disk: the space stored, needed and free."""
+        writer = self.writer if self.writer is not None and self.writer.opened else None
+        return for_extract(
+            self.work_store, self.out_store, writer, self.good, self.aux_ids, self.ready.hidden_size
+        )

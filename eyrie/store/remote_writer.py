@@ -1,4 +1,4 @@
-"""The writer process's side of eyrie/extract/write_process.py: a ShardWriter served over a pipe.
+"""The writer process's side of eyrie/store/writer_process.py: a ShardWriter served over a pipe.
 
 `python -m eyrie.store.remote_writer PARENT_PID MSG_FD FDS_FD` is started by the extract job.
 It never imports torch (eyrie.store.format imports it only where a tensor is handed in), so it

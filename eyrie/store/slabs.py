@@ -176,3 +176,32 @@ class Slab:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+class SlabPool:
+    """Slabs a finished writer process let go of, kept for the next one in this process.
+
+    Registering memory with CUDA costs about as much as torch's pinned allocations, which torch
+    caches too: a process that runs several jobs (a benchmark's repeats) and shares one pool
+    pays it once. `keep` is how many are kept; 0 closes each as it is given back.
+    """
+
+    def __init__(self, keep: int = 0):
+        self.keep = int(keep)
+        self._kept: list[Slab] = []
+
+    def take(self, need: int, cuda: bool) -> Slab | None:
+        """The smallest kept slab holding `need` bytes (registered with CUDA when asked)."""
+        fits = [s for s in self._kept if s.nbytes >= need and s.registered == cuda]
+        if not fits:
+            return None
+        slab = min(fits, key=lambda s: s.nbytes)
+        self._kept.remove(slab)
+        return slab
+
+    def give(self, slab: Slab) -> None:
+        """Keep a slab no other process maps any more; past `keep`, the oldest is closed."""
+        slab.announced = False
+        self._kept.append(slab)
+        while len(self._kept) > self.keep:
+            self._kept.pop(0).close()

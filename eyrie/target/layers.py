@@ -53,6 +53,17 @@ def check_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
     return ids
 
 
+def resolve_aux_layer_ids(configured, num_layers: int) -> list[int]:
+    """capture.aux_layer_ids as extraction and validation take it: the configured ids, or
+    EAGLE-3's default for the target's depth, checked against it."""
+    try:
+        ids = list(configured) if configured else list(default_aux_layer_ids(num_layers))
+        check_aux_layer_ids(ids, num_layers)
+    except ValueError as exc:
+        raise AuxLayerError(f"{KEY}: {exc}") from None
+    return [int(i) for i in ids]
+
+
 def hidden_state(output, error: type[Exception]) -> torch.Tensor:
     """What a hook on a decoder layer or the final norm sees: the hidden state itself, or a
     tuple whose first element is it (transformers' layers return either, by version). Anything

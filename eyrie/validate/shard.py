@@ -34,8 +34,10 @@ import numpy as np
 from eyrie.common.hf_config import text_config
 from eyrie.common.progress import bar as progress_bar
 from eyrie.common.provenance import dir_bytes
-from eyrie.extract.shard import read_errors, read_split, resolve_aux_layer_ids, shard_members
+from eyrie.data.errors_table import read_errors
+from eyrie.data.split import read_split, shard_members
 from eyrie.store.codecs import cosine_bar, stored_mantissa_bits
+from eyrie.target.layers import resolve_aux_layer_ids
 from eyrie.validate.problems import Problems
 from eyrie.validate.recompute import lm_head_weight, spot_check
 from eyrie.validate.store import check_structure, check_values, iter_samples, open_raw

@@ -1,4 +1,4 @@
-"""The extract job's shard writer in a process of its own (``extract.writer_process``).
+"""A store's writer in a process of its own (``extract.writer_process``; see group_writer.py).
 
 Why: compression, checksums and the shard files' encoding run Python between their GIL-free
 calls, and a forward pass on a GPU launches its kernels from Python too; on one interpreter
@@ -10,9 +10,9 @@ How the guarantees carry over:
 - Data: each commit group is captured straight into a shared slab (eyrie/store/slabs.py); the
   child maps it and appends views of it, so states are neither pickled nor copied on the way.
 - Order and commits: the child runs `store_group`, the very step the writer thread runs (the
-  finite check, append, commit), one group at a time in submission order; the job's thread
-  (eyrie/store/background.py) sends the next group before it takes the last one's report, so
-  the child never waits for a round trip between commits.
+  finite check, append, commit), one group at a time in submission order; the job's writer
+  thread (eyrie/store/background.py) sends the next group before it takes the last one's
+  report, so the child never waits for a round trip between commits.
 - The lock: the child is given the job's locked file descriptor (eyrie.store.lock
   .InheritedLock); flock belongs to the shared open file, so no other writer gets in while
   either process lives.
@@ -41,56 +41,30 @@ from pathlib import Path
 import numpy as np
 
 from eyrie.common.disk_full import human
-from eyrie.extract.job import batches
-from eyrie.extract.split import ExtractError
-from eyrie.store.remote_writer import store_group
-from eyrie.store.slabs import Slab, aligned, available_memory, supported
+from eyrie.store.format import StoreError
+from eyrie.store.slabs import Slab, SlabPool, aligned, available_memory
 
-log = logging.getLogger("eyrie.extract.write_process")
-__all__ = ["WriterProcess", "WriterProcessError", "store_group", "use_writer_process"]
-# The module the writer process runs (python -m); benchmarks/bench_extract.py swaps in a stand-in
-# that does part of the writer's work, to time the rest of the job without it.
-CHILD = "eyrie.store.remote_writer"
-# Slabs of finished writer processes, kept for the next one in this process (registering
-# memory with CUDA costs about as much as torch's pinned allocations, which torch caches too):
-# a job that extracts several shards, or a benchmark, pays it once.
-_SPARE: list[Slab] = []
-SPARE_MAX = 8
+log = logging.getLogger("eyrie.store.writer_process")
+__all__ = ["STORE_WRITER", "WriterProcess", "WriterProcessError"]
+STORE_WRITER = "eyrie.store.remote_writer"  # the module the writer process runs (python -m)
 
 
-class WriterProcessError(ExtractError):
+class WriterProcessError(StoreError):
     """The writer process ended without saying why (killed, or out of memory)."""
 
 
-def use_writer_process(setting, device_type: str, backend: str) -> bool:
-    """extract.writer_process: auto is a process for a CUDA target on Linux, else a thread."""
-    if setting in (None, "auto"):
-        return backend == "hf" and device_type == "cuda" and supported()
-    if setting is True and backend != "hf":
-        raise ExtractError(
-            f"extract.writer_process: true needs capture.backend hf (this is {backend!r}, which "
-            "writes dumps as they arrive); set it to auto or false"
-        )
-    if setting is True and not supported():
-        raise ExtractError(
-            "extract.writer_process: true needs Linux (memfd_create); set it to auto or false"
-        )
-    return bool(setting)
-
-
-# ---------------------------------------------------------------------------------------------
-# the job's side
-
-
 class WriterProcess:
-    """A ShardWriter in a child process, under the job's lock; `store` sends it one group.
+    """A ShardWriter in a child process, under the caller's lock; `store` sends it one group.
 
     Started early (it imports while the job tokenizes and hashes), then `open`ed on the
-    scratch store once the job has resumed it; `path` is None until then.
+    scratch store once the job has resumed it; `path` is None until then. `child` is the
+    module the process runs (a benchmark's stand-in that does part of the work); `pool` keeps
+    the slabs for a later writer process (None: they are closed with this one).
     """
 
-    def __init__(self):
+    def __init__(self, child: str = STORE_WRITER, pool: SlabPool | None = None):
         self.path: Path | None = None
+        self._pool = pool if pool is not None else SlabPool(keep=0)
         self.busy_s = 0.0  # the child's time in store_group
         self.slab_seconds = 0.0  # making and registering the slabs, in open()
         self._slabs: list[Slab] = []
@@ -105,7 +79,7 @@ class WriterProcess:
         there = [msg_there.fileno(), fds_there.fileno()]
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *sys.path[1:]])}
-        args = [sys.executable, "-m", CHILD, str(os.getpid()), *there]
+        args = [sys.executable, "-m", child, str(os.getpid()), *there]
         # started from the job's main thread: PR_SET_PDEATHSIG follows the thread that forked
         self._proc = subprocess.Popen(list(map(str, args)), pass_fds=there, env=env)
         msg_there.close()
@@ -116,19 +90,20 @@ class WriterProcess:
     def pid(self) -> int:
         return self._proc.pid
 
-    def open(self, store, lock, writer_kwargs: dict, *, committed, groups, batch_size, slabs, cuda):
-        """Open `store` in the child, under `lock` (held here); `committed` is the job's
-        closed ShardWriter of it, `groups` what is left to capture (they size the slabs)."""
+    def open(self, store, lock, writer_kwargs: dict, *, committed, layouts, slabs, cuda):
+        """Open `store` in the child, under `lock` (held here); `committed` is the caller's
+        closed ShardWriter of it, `layouts` the groups left to capture (they size the slabs:
+        see `need`)."""
         self.path = Path(store)
         self.aux_count = len(writer_kwargs["aux_layer_ids"])
         self.hidden = int(writer_kwargs["hidden_size"])
         self.committed_ids = list(committed.committed_ids)
         self.num_samples, self.num_tokens = committed.num_samples, committed.num_tokens
         self._cuda, self._max_slabs = cuda, max(2, int(slabs))
-        self._slab_bytes = max(self.need(g, batch_size) for g in groups)
-        self._check_memory(len(groups))
+        self._slab_bytes = max(map(self.need, layouts))
+        self._check_memory(len(layouts))
         tick = time.perf_counter()
-        self._make_slabs(min(self._max_slabs, len(groups)))
+        self._make_slabs(min(self._max_slabs, len(layouts)))
         self.slab_seconds = time.perf_counter() - tick
         self._send_fd(b"lock", lock.fileno())
         # the child's answer is read before the first group's (one stream, in order)
@@ -159,7 +134,7 @@ class WriterProcess:
 
     def _call(self, message: dict) -> dict:
         if self._in_flight:
-            raise ExtractError(f"{self.path}: {len(self._in_flight)} groups still unreported")
+            raise StoreError(f"{self.path}: {len(self._in_flight)} groups still unreported")
         self._send(message)
         if self._opening:
             self._opening = False
@@ -168,7 +143,7 @@ class WriterProcess:
 
     def _check_opened(self, opened: dict) -> None:
         if (opened["num_samples"], opened["num_tokens"]) != (self.num_samples, self.num_tokens):
-            raise ExtractError(f"{self.path}: the writer process found another commit")
+            raise StoreError(f"{self.path}: the writer process found another commit")
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
@@ -204,7 +179,7 @@ class WriterProcess:
             "unknown" if free is None else human(free),
         )
         if free is not None and count * slab > free:
-            raise ExtractError(
+            raise StoreError(
                 f"{self.path}: the writer process needs up to {human(count * slab)} of host memory "
                 f"({count} slabs of {human(slab)}: the largest commit group's states, padded by "
                 f"batch, locked for the GPU's copies) and this job has {human(free)} left; lower "
@@ -212,23 +187,25 @@ class WriterProcess:
                 "or give the job more memory (on a cluster: resources.gpu.mem_mb)"
             )
 
-    def need(self, group, batch_size: int) -> int:
-        """Slab bytes for `group` captured in its batches (eyrie.extract.hf pads each batch)."""
+    def need(self, layout: list[list[int]]) -> int:
+        """Slab bytes for a group captured as `layout`: its batches, each as its samples' token
+        counts (the capture pads a batch to its longest, eyrie.extract.hf)."""
         k, h = self.aux_count, self.hidden
         need = 0
-        for batch in batches(group, batch_size):
-            t = max(len(group[i].input_ids) for i in batch)
-            need += aligned(len(batch) * t * k * h * 2) + aligned(len(batch) * t * h * 2)
-        tokens = sum(len(g.input_ids) for g in group)
+        for lengths in layout:
+            rows, t = len(lengths), max(lengths)
+            need += aligned(rows * t * k * h * 2) + aligned(rows * t * h * 2)
+        tokens = sum(map(sum, layout))
         return need + aligned(tokens * 4) + aligned(tokens)  # its token ids and masks
 
-    def slab_for(self, group, batch_size: int) -> Slab:
-        """A free slab large enough for `group` (waits while every slab is in use).
+    def slab_for(self, layout: list[list[int]]) -> Slab:
+        """A free slab large enough for a group laid out as `layout` (see `need`; waits while
+        every slab is in use).
 
         Slabs are sized for the job's largest group, so the few there are are made (and
         registered with CUDA) once; one too small is replaced only if a group is larger.
         """
-        need = self.need(group, batch_size)
+        need = self.need(layout)
         with self._cond:
             while True:
                 if self._failed is not None:
@@ -255,7 +232,7 @@ class WriterProcess:
 
     def _new_slab(self) -> Slab:
         """A slab of the planned size: a kept one, or a new one registered with CUDA."""
-        slab = spare_slab(self._slab_bytes, self._cuda)
+        slab = self._pool.take(self._slab_bytes, self._cuda)
         if slab is None:
             slab = Slab(with_margin(self._slab_bytes))
             if self._cuda:
@@ -365,12 +342,9 @@ class WriterProcess:
                 self._proc.wait()
         self._conn.close()
         self._fds_here.close()
-        for slab in self._slabs:  # the child is gone: kept for the next writer process
-            slab.announced = False
-            _SPARE.append(slab)
+        for slab in self._slabs:  # the child is gone: the pool keeps or closes them
+            self._pool.give(slab)
         self._slabs, self._free = [], []
-        while len(_SPARE) > SPARE_MAX:
-            _SPARE.pop(0).close()
 
 
 def stretch(place: list, start: int, n: int) -> list:
@@ -382,16 +356,6 @@ def stretch(place: list, start: int, n: int) -> list:
 def with_margin(nbytes: int) -> int:
     """A new slab's size for `nbytes` planned: an eighth more, a margin, not a need."""
     return nbytes + nbytes // 8
-
-
-def spare_slab(need: int, cuda: bool) -> Slab | None:
-    """The smallest kept slab holding `need` bytes (registered with CUDA when asked)."""
-    fits = [s for s in _SPARE if s.nbytes >= need and s.registered == cuda]
-    if not fits:
-        return None
-    slab = min(fits, key=lambda s: s.nbytes)
-    _SPARE.remove(slab)
-    return slab
 
 
 def rebuilt(error: dict, store: Path) -> BaseException:
@@ -409,6 +373,4 @@ def rebuilt(error: dict, store: Path) -> BaseException:
             return cls(error["message"])
         except TypeError:
             pass
-    return ExtractError(
-        f"the writer process of {store} failed: {error['type']}: {error['message']}"
-    )
+    return StoreError(f"the writer process of {store} failed: {error['type']}: {error['message']}")

@@ -1,4 +1,4 @@
-"""The inputs of an extract job: the split file, one shard's members, and their tokens.
+"""A split file and one shard's members: what extraction reads, and validation reads again.
 
 Shard membership is round-robin: sample j of the split (its j-th non-blank line, 0-based) is in
 shard j % S. It is deterministic, needs no pass over lengths, and spreads long and short samples
@@ -14,18 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from eyrie.common.errors import EyrieError
-from eyrie.data.chat_tokens import SampleError, tokenize_chat
-
-
-class ExtractError(EyrieError, RuntimeError):
-    """Extraction cannot start or go on; the message names the input and the fix."""
-
-
-class Interrupted(RuntimeError):
-    """Raised by `stop_after_commits`, to test resume."""
+from eyrie.common.errors import ExtractError
 
 
 @dataclass
@@ -35,17 +24,6 @@ class Record:
     messages: list | None
     error: tuple[str, str] | None = None  # (reason, detail) when the line is unusable
     source: str = ""  # "FILE:LINE" of the user's file (prepare_dataset), else of the split file
-
-
-@dataclass
-class TokenizedSample:
-    """A split line whose conversation tokenized: what extraction runs through the target."""
-
-    line: int
-    sample_id: str
-    input_ids: np.ndarray
-    loss_mask: np.ndarray
-    full_length: int = 0  # tokens before the cut at dataset.max_tokens
 
 
 def read_split(path: str | Path) -> list[Record]:
@@ -91,34 +69,3 @@ def shard_members(records: list, shard: int, shards: int) -> list:
     if not 0 <= shard < shards:
         raise ExtractError(f"shard {shard} is out of range for extract.shards = {shards}")
     return [r for j, r in enumerate(records) if j % shards == shard]
-
-
-def resolve_aux_layer_ids(configured, num_layers: int) -> list[int]:
-    from eyrie.target.layers import check_aux_layer_ids, default_aux_layer_ids
-
-    try:
-        ids = list(configured) if configured else list(default_aux_layer_ids(num_layers))
-        check_aux_layer_ids(ids, num_layers)
-    except ValueError as exc:
-        raise ExtractError(f"capture.aux_layer_ids: {exc}") from None
-    return [int(i) for i in ids]
-
-
-def tokenize(
-    tokenizer, members: list[Record], max_tokens: int
-) -> tuple[list[TokenizedSample], dict]:
-    """The members that tokenize cleanly, and line -> (sample_id, reason, detail) of the rest."""
-    good, errors = [], {}
-    for rec in members:
-        if rec.error:
-            errors[rec.line] = (rec.sample_id, *rec.error)
-            continue
-        try:
-            t = tokenize_chat(tokenizer, rec.messages, max_tokens)
-        except SampleError as exc:
-            errors[rec.line] = (rec.sample_id, exc.reason, exc.detail)
-            continue
-        good.append(
-            TokenizedSample(rec.line, rec.sample_id, t.input_ids, t.loss_mask, t.full_length)
-        )
-    return good, errors

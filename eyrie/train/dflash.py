@@ -19,14 +19,24 @@ stay frozen; they are not part of this module or of its export.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from eyrie.common.hf_config import text_config
-from eyrie.train.model import MLP, DrafterError, RMSNorm, apply_rope, rope_cos_sin, wide
+from eyrie.train.model import (
+    MLP,
+    DrafterError,
+    RMSNorm,
+    apply_rope,
+    config_from_dict,
+    rope_cos_sin,
+    target_layer_shape,
+    wide,
+    with_overrides,
+)
 
 # SGLang 0.5.12's DFlash reads rope_theta from an attribute transformers 5.x no longer sets on a
 # Qwen3 config, and falls back to 1e6: train at the value it will serve with
@@ -66,38 +76,24 @@ class DFlashConfig:
 
     @classmethod
     def from_target(cls, target: dict, *, num_aux: int, dflash: dict, overrides: dict | None):
-        """The drafter's shape from the target's config.json; ``overrides`` (train.drafter) win."""
-        t = text_config(target)
-        hidden, heads = int(t["hidden_size"]), int(t["num_attention_heads"])
-        values = dict(
-            hidden_size=hidden,
-            intermediate_size=int(t["intermediate_size"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(t.get("num_key_value_heads") or heads),
-            head_dim=int(t.get("head_dim") or hidden // heads),
+        """The drafter's shape from the target's config.json; ``overrides`` (train.drafter) win.
+        RoPE runs at the theta SGLang serves, not the target's."""
+        values = target_layer_shape(target)
+        values.update(
             num_hidden_layers=int(dflash["layers"]),
             num_aux=int(num_aux),
-            vocab_size=int(t["vocab_size"]),
             block_size=int(dflash["block_size"]),
-            mask_token_id=mask_token(t, dflash.get("mask_token_id")),
-            rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(t.get("max_position_embeddings", 32768)),
+            mask_token_id=mask_token(text_config(target), dflash.get("mask_token_id")),
+            rope_theta=SERVED_ROPE_THETA,
         )
-        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-        if values["num_key_value_heads"] == "heads":
-            values["num_key_value_heads"] = values["num_attention_heads"]
-        return cls(**values)
+        return cls(**with_overrides(values, overrides, cls))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> DFlashConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise DrafterError(f"DFlash config has unknown keys {unknown}; known: {sorted(names)}")
-        return cls(**d)
+        return config_from_dict(cls, d, "DFlash config")
 
 
 def mask_token(text: dict, chosen: int | None) -> int:

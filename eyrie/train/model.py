@@ -94,60 +94,73 @@ class DrafterConfig:
     def from_target(
         cls, target: dict, *, num_aux: int, draft_vocab_size: int, overrides: dict | None = None
     ) -> DrafterConfig:
-        """The drafter's shape from the target's config.json (dict); ``overrides`` wins.
-
-        Hidden size must equal the target's (the embedding is shared). Attention dims are the
-        target's when it uses plain multi-head attention; for latent attention (MLA) targets,
-        whose head_dim means something else, heads of hidden/num_heads are used.
-        """
-        t = text_config(target)
-        hidden = int(t["hidden_size"])
-        heads = int(t["num_attention_heads"])
-        mla = "kv_lora_rank" in t
-        head_dim = hidden // heads if mla else int(t.get("head_dim") or hidden // heads)
-        kv = heads if mla else int(t.get("num_key_value_heads") or heads)
-        rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
-        values = dict(
-            hidden_size=hidden,
-            intermediate_size=int(t["intermediate_size"]),
-            num_attention_heads=heads,
-            num_key_value_heads=kv,
-            head_dim=head_dim,
-            num_aux=int(num_aux),
-            vocab_size=int(t["vocab_size"]),
-            draft_vocab_size=int(draft_vocab_size),
-            rms_norm_eps=float(t.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(rope.get("rope_theta") or t.get("rope_theta") or 10000.0),
-            max_position_embeddings=int(t.get("max_position_embeddings", 4096)),
-        )
-        unknown = sorted(set(overrides or {}) - {f.name for f in fields(cls)})
-        if unknown:
-            raise DrafterError(
-                f"train.drafter has unknown keys {unknown}; expected some of "
-                "intermediate_size, num_attention_heads, num_key_value_heads, head_dim"
-            )
-        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-        if values["num_key_value_heads"] == "heads":  # one key/value head per query head
-            values["num_key_value_heads"] = values["num_attention_heads"]
-        elif isinstance(values["num_key_value_heads"], str):
-            raise DrafterError(
-                f"train.drafter.num_key_value_heads is {values['num_key_value_heads']!r}; use a "
-                "number, null (the target's) or heads (as many as the drafter's query heads)"
-            )
-        return cls(**values)
+        """The drafter's shape from the target's config.json (dict); ``overrides`` wins."""
+        values = target_layer_shape(target)
+        values.update(num_aux=int(num_aux), draft_vocab_size=int(draft_vocab_size))
+        return cls(**with_overrides(values, overrides, cls))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> DrafterConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise DrafterError(
-                f"drafter config has unknown keys {unknown}; expected {sorted(names)}"
-            )
-        return cls(**d)
+        return config_from_dict(cls, d, "drafter config")
+
+
+def target_layer_shape(target: dict) -> dict:
+    """A drafter layer's shape from the target's config.json (dict), and its vocabulary.
+
+    Hidden size must equal the target's (the embedding is shared). Attention dims are the
+    target's when it uses plain multi-head attention; for latent attention (MLA) targets,
+    whose head_dim means something else, heads of hidden/num_heads are used.
+    """
+    t = text_config(target)
+    hidden = int(t["hidden_size"])
+    heads = int(t["num_attention_heads"])
+    mla = "kv_lora_rank" in t
+    head_dim = hidden // heads if mla else int(t.get("head_dim") or hidden // heads)
+    kv = heads if mla else int(t.get("num_key_value_heads") or heads)
+    rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=int(t["intermediate_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        vocab_size=int(t["vocab_size"]),
+        rms_norm_eps=float(t.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(rope.get("rope_theta") or t.get("rope_theta") or 10000.0),
+        max_position_embeddings=int(t.get("max_position_embeddings", 4096)),
+    )
+
+
+def with_overrides(values: dict, overrides: dict | None, cls) -> dict:
+    """``values`` with train.drafter's non-null keys over them (any field of the config class
+    ``cls``); num_key_value_heads "heads" means one key/value head per query head."""
+    unknown = sorted(set(overrides or {}) - {f.name for f in fields(cls)})
+    if unknown:
+        raise DrafterError(
+            f"train.drafter has unknown keys {unknown}; expected some of "
+            "intermediate_size, num_attention_heads, num_key_value_heads, head_dim"
+        )
+    values = {**values, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    if values["num_key_value_heads"] == "heads":
+        values["num_key_value_heads"] = values["num_attention_heads"]
+    elif isinstance(values["num_key_value_heads"], str):
+        raise DrafterError(
+            f"train.drafter.num_key_value_heads is {values['num_key_value_heads']!r}; use a "
+            "number, null (the target's) or heads (as many as the drafter's query heads)"
+        )
+    return values
+
+
+def config_from_dict(cls, d: dict, what: str):
+    """A saved config dataclass back from its dict; a key it does not have is refused."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise DrafterError(f"{what} has unknown keys {unknown}; expected {sorted(names)}")
+    return cls(**d)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ rule evaluate_acceptance:
         max_len=config["train"]["max_len"],
         device=EVAL["device"],
     threads: 2
+    resources:
+        gpu=int(EVAL["device"] != "cpu"),
     log:
         f"{R}/logs/evaluate/acceptance.log",
     benchmark:
@@ -62,7 +64,8 @@ rule evaluate_baselines:
         probe_width=EVAL["baselines"]["probe_width"],
     threads: 2
     resources:
-        cpus_per_task=2,  # a CPU job (eyrie/common/resources.py): SLURM's -c is its threads
+        # a count table and a small probe: a CPU job (no gpu), and SLURM's -c is its threads
+        cpus_per_task=2,
     log:
         f"{R}/logs/evaluate/baselines.log",
     benchmark:
@@ -89,6 +92,8 @@ rule evaluate_speculate:
     # Batch-1 decoding of small matrices: one thread is as fast on a free CPU and far steadier
     # on a busy one (spinning threads cost a multi-token verify pass up to 10x).
     threads: 1
+    resources:
+        gpu=int(EVAL["device"] != "cpu"),
     log:
         f"{R}/logs/evaluate/speculate.log",
     benchmark:
@@ -115,6 +120,8 @@ rule evaluate_sglang:
         log_dir=f"{R}/logs/evaluate/sglang",
     # Without SGLang capture this job only writes "not run": no GPU job for that.
     localrule: not ONLINE_SGLANG
+    resources:
+        gpu=int(ONLINE_SGLANG),
     log:
         f"{R}/logs/evaluate/sglang.log",
     benchmark:

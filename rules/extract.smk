@@ -37,6 +37,8 @@ rule extract:
     resources:
         mem_mb=8000,
         runtime=120,
+        # the target runs on a GPU when capture.device is cuda or SGLang serves it
+        gpu=int(config["capture"]["device"] == "cuda" or config["capture"]["backend"] == "sglang"),
     log:
         f"{R}/logs/extract/{{split}}/shard-{{shard}}.log",
     benchmark:

@@ -22,6 +22,13 @@ rule regenerate:
     resources:
         mem_mb=8000,
         runtime=240,
+        # a GPU when regenerate.device is cuda, or when the SGLang backend launches a server
+        # (not with a server's url)
+        gpu=int(
+            not config["regenerate"]["sglang"].get("url")
+            if config["regenerate"]["backend"] == "sglang"
+            else config["regenerate"]["device"] == "cuda"
+        ),
     log:
         f"{R}/logs/regenerate/{{split}}.log",
     benchmark:

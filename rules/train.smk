@@ -48,6 +48,9 @@ rule train_drafter:
     params:
         settings=config["train"],
     threads: 8
+    resources:
+        # one GPU per training process, unless training runs on the CPU
+        gpu=0 if config["train"]["device"] == "cpu" else int(config["train"]["processes"]),
     log:
         f"{R}/logs/train_drafter.log",
     benchmark:

@@ -23,6 +23,12 @@ rule validate_shard:
     resources:
         mem_mb=8000,
         runtime=60,
+        # the spot checks re-run the target on capture.device; auto asks for no GPU (set
+        # capture.device to cuda to get GPUs on a cluster)
+        gpu=int(
+            config["capture"]["device"] == "cuda"
+            and config["validate"]["spot_check_samples"] > 0
+        ),
     log:
         f"{R}/logs/validate/{{split}}/shard-{{shard}}.log",
     benchmark:

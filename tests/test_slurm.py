@@ -22,7 +22,7 @@ import pytest
 from slurm.cluster import Cluster, ClusterError, alive, parse_jobcomp, unavailable_reason
 from slurm.workflow import CONFIGS, REPO, Workflow
 
-from eyrie.common.resources import ResourcesError, check_rule_names, requests, uses_gpu
+from eyrie.common.resources import ResourcesError, check_rule_names, requests
 
 # The test cluster has no accounting database: poll with squeue, submit without an account,
 # and poll soon after submission (the plugin's default first poll comes after 40 s).
@@ -64,7 +64,7 @@ def test_cpu_rule_takes_the_default_and_keeps_what_it_declares():
 
 
 def test_gpu_rule_takes_the_gpu_level_over_its_own_and_its_rule_level_last():
-    got = requests(SITE, "train_drafter", {"mem_mb": 8000})
+    got = requests(SITE, "train_drafter", {"mem_mb": 8000, "gpu": 4})
     assert got == {
         "gpu": 4,  # one per training process
         "gpu_model": "h200",
@@ -86,38 +86,68 @@ def test_null_inherits_and_rule_level_gpu_switches_gpus_on_and_off():
             "rules": {"validate_summary": {"gpu": 2}, "evaluate_speculate": {"gpu": 0}},
         },
     }
-    assert requests(cfg, "evaluate_acceptance")["slurm_partition"] == "cpu"  # null inherits
-    assert requests(cfg, "evaluate_acceptance")["gpu"] == 1
+    gpu_job = requests(cfg, "evaluate_acceptance", {"gpu": 1})
+    assert gpu_job["slurm_partition"] == "cpu"  # null inherits
+    assert gpu_job["gpu"] == 1
     on = requests(cfg, "validate_summary")
     assert (on["gpu"], on["gpu_model"]) == (2, "a100")
     off = requests(cfg, "evaluate_speculate", {"gpu": 1})
     assert off["gpu"] == 0 and "gpu_model" not in off and "cpus_per_task" not in off
 
 
-@pytest.mark.parametrize(
-    "rule, change, gpu",
-    [
-        ("extract", {}, False),
-        ("extract", {"capture": {"device": "cuda", "backend": "hf"}}, True),
-        ("extract", {"capture": {"device": "auto", "backend": "sglang"}}, True),
-        ("validate_shard", {"capture": {"device": "cuda"}}, True),
-        ("validate_shard", {"capture": {"device": "cuda"}, "validate": {}}, False),
-        ("train_drafter", {}, True),
-        ("train_drafter", {"train": {"device": "cpu"}}, False),
-        ("evaluate_acceptance", {}, True),
-        ("evaluate_speculate", {"evaluate": {"device": "cpu"}}, False),
-        ("evaluate_sglang", {}, False),
-        ("evaluate_sglang", {"capture": {"backend": "sglang"}}, True),
-        ("regenerate", {}, False),
-        ("regenerate", {"regenerate": {"device": "cuda"}}, True),
-        ("regenerate", {"regenerate": {"backend": "sglang"}}, True),
-        ("regenerate", {"regenerate": {"backend": "sglang", "sglang": {"url": "http://h"}}}, False),
-        ("prepare_dataset", {}, False),
-        ("export_drafter", {}, False),
-    ],
-)
-def test_which_jobs_ask_for_gpus(rule, change, gpu):
-    assert uses_gpu({**SITE, **change}, rule) is gpu
+def test_default_gpu_raises_a_gpu_jobs_count_and_leaves_cpu_jobs_alone():
+    cfg = {"resources": {"default": {"gpu": 2}}}
+    assert requests(cfg, "extract", {"gpu": 1})["gpu"] == 2
+    assert requests(cfg, "train_drafter", {"gpu": 4})["gpu"] == 4
+    assert requests(cfg, "extract", {"gpu": 0})["gpu"] == 0
+    assert requests(cfg, "report")["gpu"] == 0
+
+
+# Overrides of tests/configs/small.yaml (capture on the CPU; train and evaluate on "auto"), and
+# the GPUs each rule's own `resources:` asks for under them.
+GPU_CASES = {
+    "small": (
+        {"train": {"processes": 4}},
+        {
+            "extract": 0, "validate_shard": 0, "train_drafter": 4, "evaluate_acceptance": 1,
+            "evaluate_speculate": 1, "evaluate_sglang": 0, "evaluate_baselines": 0,
+            "prepare_dataset": 0, "export_drafter": 0, "report": 0,
+        },
+    ),
+    "cuda": (
+        {
+            "capture": {"device": "cuda"},
+            "regenerate": {"enabled": True, "device": "cuda"},
+            "train": {"device": "cpu", "processes": 4},
+            "evaluate": {"device": "cpu"},
+        },
+        {
+            "extract": 1, "validate_shard": 1, "regenerate": 1, "train_drafter": 0,
+            "evaluate_acceptance": 0, "evaluate_speculate": 0,
+        },
+    ),
+    "sglang": (
+        {"capture": {"backend": "sglang"}, "regenerate": {"enabled": True, "backend": "sglang"}},
+        {"extract": 1, "validate_shard": 0, "regenerate": 1, "evaluate_sglang": 1},
+    ),
+    "server_url": (
+        {
+            "capture": {"device": "cuda"},
+            "validate": {"spot_check_samples": 0},
+            "regenerate": {"enabled": True, "backend": "sglang", "sglang": {"url": "http://h"}},
+        },
+        {"extract": 1, "validate_shard": 0, "regenerate": 0},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(GPU_CASES))
+def test_which_jobs_ask_for_gpus(case, tmp_path):
+    """Each rule's `resources:` (rules/*.smk) says how many GPUs its jobs take under a config."""
+    change, want = GPU_CASES[case]
+    wf = Workflow.scratch(tmp_path / "wd", CONFIGS / "small.yaml", change)
+    got = {j.rule: int(j.resources["gpu"]) for j in wf.plan()}
+    assert {rule: got.get(rule) for rule in want} == want
 
 
 def test_a_misspelled_rule_is_an_error_naming_it():

@@ -2,9 +2,11 @@
 
 Site specifics (partition, account, GPU model, memory, time) live in one config section, not in
 the rules: rules/resources.smk applies `requests(config, rule)` to every rule by name, so rules
-added later get requests too. Precedence, lowest first: `resources.default`, what the rule
-declares itself, `resources.gpu` (GPU jobs only), `resources.rules[NAME]`; snakemake's
-`--set-resources` still wins over all. The returned names are the standard ones snakemake's
+added later get requests too. Whether a rule's jobs need GPUs is the rule's own knowledge: it
+declares `gpu=N` in its `resources:` (rules/*.smk), N from the config (0: its jobs run on the
+CPU). Precedence, lowest first: `resources.default`, what the rule declares itself,
+`resources.gpu` (GPU jobs only), `resources.rules[NAME]`; snakemake's `--set-resources` still
+wins over all. The returned names are the standard ones snakemake's
 SLURM executor turns into sbatch flags (docs/cluster.md).
 """
 
@@ -31,45 +33,6 @@ class ResourcesError(EyrieError, ValueError):
     """A resources section that names a rule the workflow does not have."""
 
 
-def uses_gpu(config: dict, rule: str) -> bool:
-    """Whether a rule's jobs need a GPU under this config (before per-rule overrides).
-
-    Extraction runs the target: on a GPU when capture.device is cuda or SGLang serves it.
-    Validation re-runs the target for its spot checks on capture.device; there `auto` asks for
-    nothing (set capture.device to cuda to get GPUs on a cluster). Training and evaluation
-    (evaluate_*) ask for GPUs unless their own device is cpu; evaluate_sglang only when SGLang
-    serves the target; evaluate_baselines never (it runs on the CPU). Regeneration when its
-    device is cuda, or when its SGLang backend launches a server (not with a server's url).
-    """
-    capture = config.get("capture", {})
-    on_cuda = capture.get("device") == "cuda"
-    if rule == "extract":
-        return on_cuda or capture.get("backend") == "sglang"
-    if rule == "validate_shard":
-        return on_cuda and config.get("validate", {}).get("spot_check_samples", 0) > 0
-    if rule == "train_drafter":
-        return config.get("train", {}).get("device") != "cpu"
-    if rule == "regenerate":
-        regen = config.get("regenerate", {})
-        if regen.get("backend") == "sglang":
-            return not (regen.get("sglang") or {}).get("url")
-        return regen.get("device") == "cuda"
-    if rule == "evaluate_sglang":  # without SGLang it only records "not run", on the spot
-        return capture.get("backend") == "sglang"
-    if rule == "evaluate_baselines":  # a count table and a small probe, on the CPU
-        return False
-    if rule == "evaluate" or rule.startswith("evaluate_"):
-        return config.get("evaluate", {}).get("device") != "cpu"
-    return False
-
-
-def default_gpus(config: dict, rule: str) -> int:
-    """GPUs of a GPU job unless the config says: training starts one process per GPU."""
-    if rule == "train_drafter":
-        return int(config.get("train", {}).get("processes") or 1)
-    return 1
-
-
 def check_rule_names(config: dict, rules: Iterable[str]) -> None:
     """Fail on a resources.rules entry that matches no rule (a typo would be silently ignored)."""
     named = set(config.get("resources", {}).get("rules") or {})
@@ -91,21 +54,20 @@ def requests(config: dict, rule: str, declared: dict | None = None) -> dict:
 
     Levels, lowest first: resources.default; what the rule declares itself (`declared`, in
     snakemake names); resources.gpu for GPU jobs; resources.rules[NAME]. A null key inherits,
-    and a key no level sets is not requested. A rule is a GPU job when uses_gpu() says so or it
-    declares gpu > 0, unless resources.rules[NAME].gpu says otherwise (0: off, N > 0: on).
+    and a key no level sets is not requested. A rule is a GPU job when it declares gpu > 0,
+    unless resources.rules[NAME].gpu says otherwise (0: off, N > 0: on); its GPUs are the
+    declared count, or resources.default.gpu when larger.
     """
     section = config.get("resources") or {}
     own = (section.get("rules") or {}).get(rule) or {}
     declared = {k: v for k, v in (declared or {}).items() if k in RESOURCE_NAMES.values()}
-    if own.get("gpu") is not None:
-        gpu_job = own["gpu"] > 0
-    else:
-        gpu_job = uses_gpu(config, rule) or bool(declared.get("gpu"))
+    gpus = declared.pop("gpu", None)
+    gpu_job = own["gpu"] > 0 if own.get("gpu") is not None else bool(gpus)
     merged = _named(section.get("default") or {})
     merged.update({k: v for k, v in declared.items() if v is not None})
     if gpu_job:
-        gpus = merged.get("gpu")
-        merged["gpu"] = gpus if callable(gpus) else max(default_gpus(config, rule), int(gpus or 0))
+        floor = int(merged.get("gpu") or 0)
+        merged["gpu"] = gpus if callable(gpus) else max(int(gpus or 1), floor)
         merged.update(_named(section.get("gpu") or {}))
     merged.update(_named(own))
     if not gpu_job or not merged.get("gpu"):

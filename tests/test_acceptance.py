@@ -19,7 +19,8 @@ from eyrie.evaluate.acceptance import (
     metrics,
 )
 from eyrie.store.shard import ShardWriter
-from eyrie.train.model import Drafter, DrafterConfig, read_target_tensors
+from eyrie.target.tensors import read_target_tensors
+from eyrie.train.model import Drafter, DrafterConfig
 
 
 def test_hand_computed_example():

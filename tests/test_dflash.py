@@ -342,7 +342,7 @@ def test_block_decoding_is_plain_greedy_and_accepts_what_it_should(loop_pair):
 def test_offline_acceptance_of_a_block_is_the_batched_forward_per_anchor(trained, tmp_path):
     from eyrie.evaluate.acceptance import block_drafts, count_acceptance, load_drafter
     from eyrie.target.greedy import greedy_tokens
-    from eyrie.train.model import read_target_tensors
+    from eyrie.target.tensors import read_target_tensors
 
     drafter, meta = load_drafter(trained)
     target_dir = meta["target"]["path"]

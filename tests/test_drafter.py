@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from eyrie.target.tensors import read_target_tensors
 from eyrie.train.model import (
     Drafter,
     DrafterConfig,
     DrafterError,
     TargetHead,
-    read_target_tensors,
     shift_left,
 )
 

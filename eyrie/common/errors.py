@@ -22,3 +22,10 @@ class ExtractError(EyrieError, RuntimeError):
 
     Here, not in eyrie.extract, because the split reading that validation shares raises it too
     (eyrie.data.split)."""
+
+
+class DrafterError(EyrieError, ValueError):
+    """A drafter or target setup that cannot work; the message names the input and the fix.
+
+    Here, not in eyrie.train, because reading the target's tensors (eyrie.target.tensors) raises
+    it too."""

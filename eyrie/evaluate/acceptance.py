@@ -307,8 +307,8 @@ def evaluate_stores(
     """Run the unrolled drafter over every sample of ``stores`` and count its acceptance."""
     from eyrie.common.progress import bar
     from eyrie.store.shard import ShardDataset, ShardReader
+    from eyrie.target.tensors import read_target_tensors
     from eyrie.train.data import Pad
-    from eyrie.train.model import read_target_tensors
 
     if steps < 1:
         raise AcceptanceError(f"evaluate.steps must be at least 1, got {steps}")

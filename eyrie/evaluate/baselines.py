@@ -173,7 +173,7 @@ def measure(
     progress: bool = False,
 ) -> dict:
     """Bigram and probe(s) on the stores' scored step-0 rows: the record the report shows."""
-    from eyrie.train.model import read_target_tensors
+    from eyrie.target.tensors import read_target_tensors
 
     embed, lm_head, _ = read_target_tensors(target_dir)
     embed = embed.float()

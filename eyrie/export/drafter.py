@@ -120,7 +120,7 @@ def verifier_name(target_dir, configured: str | None) -> str:
 
 def target_embedding(target_dir, vocab_size: int, hidden_size: int) -> torch.Tensor:
     """The target's input embedding (vocab, hidden), as the vLLM export ships it."""
-    from eyrie.train.model import DrafterError, read_target_tensors
+    from eyrie.target.tensors import read_target_tensors
 
     try:
         embed = read_target_tensors(target_dir)[0]

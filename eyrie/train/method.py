@@ -14,11 +14,12 @@ import math
 
 import torch
 
+from eyrie.target.tensors import read_target_norm
 from eyrie.train.data import seeded
 from eyrie.train.dflash import DFlashConfig, DFlashDrafter
 from eyrie.train.dflash_loss import block_terms, eligible, every_anchor, sample_anchors
 from eyrie.train.loss import forward_batch, step_counts
-from eyrie.train.model import Drafter, DrafterConfig, read_target_norm
+from eyrie.train.model import Drafter, DrafterConfig
 
 METHODS = ("eagle3", "dflash")
 

@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 from eyrie.common import atomic
 from eyrie.common.hf_config import text_config
 from eyrie.common.provenance import file_sha256
+from eyrie.target.tensors import read_target_tensors
 from eyrie.train.checkpoint import (
     checkpoints,
     finish_work,
@@ -63,7 +64,7 @@ from eyrie.train.distributed import Dist, compute_dtype, setup_processes
 from eyrie.train.heldout import evaluate
 from eyrie.train.loss import weighted_loss
 from eyrie.train.method import batch_terms, build_model, position_weight, positions
-from eyrie.train.model import TargetHead, read_target_tensors
+from eyrie.train.model import TargetHead
 from eyrie.train.optim import lr_lambda, make_optimizer
 from eyrie.train.settings import TrainError, settings_with_defaults
 from eyrie.train.vocab import load as load_vocab

@@ -371,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("server_args", nargs="*", help="after --: flags replacing the defaults")
     args = ap.parse_args(argv)
 
-    from eyrie.evaluate.speculate import load_prompts, machine
+    from eyrie.common.provenance import machine
+    from eyrie.evaluate.speculate import load_prompts
     from eyrie.target.load import load_tokenizer
 
     tokenizer = load_tokenizer(args.target)

@@ -1,7 +1,7 @@
 """One plain decoding step of a target, batch 1: where the transformers loop's time goes.
 
 Times a single-token forward over a KV cache three ways, in the same run: the bare model call,
-the same call through eyrie.evaluate.speculate.Target (the aux-layer hooks the loop uses), and
+the same call through eyrie.evaluate.target_runner.Target (the aux-layer hooks the loop uses), and
 the loop's greedy_generate per token; on a GPU the bare call again with cuDNN's attention off
 (the loop turns it off: each new key length costs it a plan on the host). Then a torch.profiler
 table of a few steps: on a GPU, the kernels' own time beside the host's, so a step that waits on
@@ -26,8 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from eyrie.common.device import pick_device  # noqa: E402
 from eyrie.common.provenance import machine  # noqa: E402
-from eyrie.evaluate import speculate  # noqa: E402
-from eyrie.evaluate.speculate import sync_device  # noqa: E402
+from eyrie.evaluate.loading import DTYPES  # noqa: E402
+from eyrie.evaluate.speculate import greedy_generate, sync_device  # noqa: E402
+from eyrie.evaluate.target_runner import Target  # noqa: E402
 from eyrie.target.layers import find_decoder_layers  # noqa: E402
 
 
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True, help="a transformers folder")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--dtype", default="float32", choices=sorted(speculate.DTYPES))
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--threads", type=int, help="CPU threads for torch")
@@ -55,12 +56,10 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     device = pick_device(args.device)
-    model = AutoModelForCausalLM.from_pretrained(
-        args.target, dtype=speculate.DTYPES[args.dtype]
-    ).to(device)
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=DTYPES[args.dtype]).to(device)
     print(f"machine: {machine()}; device {device}, {args.dtype}, torch {torch.__version__}")
     print(f"attention: {model.config._attn_implementation}; {args.prompt_tokens} prompt tokens")
-    target = speculate.Target(model, [1, len(find_decoder_layers(model)[1]) // 2])
+    target = Target(model, [1, len(find_decoder_layers(model)[1]) // 2])
     prompt = list(range(100, 100 + args.prompt_tokens))
     token = torch.tensor([[123]], device=device)
 
@@ -83,7 +82,7 @@ def main(argv=None) -> int:
     rows["Target.forward (hooks)"] = per_step_ms(
         lambda: target.forward([123], cache), device, args.steps
     )
-    gen = speculate.greedy_generate(target, prompt, args.steps)
+    gen = greedy_generate(target, prompt, args.steps)
     rows["greedy_generate, per token (prefill included)"] = gen.seconds / len(gen.tokens) * 1e3
     base = rows["bare model call"]
     for name, ms in rows.items():

@@ -32,8 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from eyrie.common.device import pick_device  # noqa: E402
 from eyrie.common.provenance import machine  # noqa: E402
-from eyrie.evaluate import speculate  # noqa: E402
 from eyrie.evaluate.compare import compare  # noqa: E402
+from eyrie.evaluate.draft_runner import DraftRunner  # noqa: E402
+from eyrie.evaluate.loading import DTYPES, eos_ids, load_pair, load_prompts  # noqa: E402
+from eyrie.evaluate.target_runner import Target  # noqa: E402
 
 
 def untrained_pair(target_dir: Path, device, dtype: str, aux: list[int]):
@@ -41,7 +43,7 @@ def untrained_pair(target_dir: Path, device, dtype: str, aux: list[int]):
     from eyrie.train.model import Drafter, DrafterConfig
 
     model, _ = load_model(target_dir, device)
-    model = model.to(device, speculate.DTYPES[dtype])
+    model = model.to(device, DTYPES[dtype])
     cfg = json.loads((target_dir / "config.json").read_text())
     text = cfg.get("text_config", cfg)
     torch.manual_seed(0)
@@ -50,9 +52,9 @@ def untrained_pair(target_dir: Path, device, dtype: str, aux: list[int]):
     t2d = torch.zeros(int(text["vocab_size"]), dtype=torch.bool)
     t2d[:n] = True
     drafter.set_vocab(torch.zeros(n, dtype=torch.long), t2d)
-    drafter = drafter.to(device, speculate.DTYPES[dtype]).eval()
-    target = speculate.Target(model, aux)
-    return target, speculate.DraftRunner(drafter, target.embed), load_tokenizer(target_dir)
+    drafter = drafter.to(device, DTYPES[dtype]).eval()
+    target = Target(model, aux)
+    return target, DraftRunner(drafter, target.embed), load_tokenizer(target_dir)
 
 
 def main() -> int:
@@ -72,7 +74,7 @@ def main() -> int:
     )
     ap.add_argument("--repeats", type=int, default=3, help="interleaved timing passes")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--dtype", default="float32", choices=sorted(speculate.DTYPES))
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--threads", type=int, help="CPU threads for torch")
     ap.add_argument("--json", help="also write every result here")
     args = ap.parse_args()
@@ -90,10 +92,10 @@ def main() -> int:
                 f"no trained drafter in {args.drafter}: run the workflow (snakemake --cores 2), "
                 "pass --drafter, or use --untrained"
             )
-        target, runner, tok, _ = speculate.load_pair(target_dir, args.drafter, device, args.dtype)
+        target, runner, tok, _ = load_pair(target_dir, args.drafter, device, args.dtype)
         drafter = args.drafter
-    prompts = speculate.load_prompts(args.prompts_jsonl, tok, args.prompts)
-    eos = speculate.eos_ids(tok, target.model.config)
+    prompts = load_prompts(args.prompts_jsonl, tok, args.prompts)
+    eos = eos_ids(tok, target.model.config)
     m = machine()
     print(
         f"machine: CPU {m['cpu']} ({m['cpu_cores']} cores, torch threads {m['torch_threads']}) "

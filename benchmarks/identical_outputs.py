@@ -18,7 +18,7 @@ ids, dtype, sampling backend).
 Inputs: eyrie.evaluate.online's JSON (per mode, ``runs.plain.rows`` and ``runs.eagle3.rows``:
 ``id``, ``output_ids`` and the prompt's ``input_ids``), or two files each holding such rows (a
 list, or an object with ``rows``). Rows without ``input_ids`` take the prompts from
-``--prompts-jsonl`` (eyrie.evaluate.speculate.load_prompts, the same chat template), matched by id.
+``--prompts-jsonl`` (eyrie.evaluate.loading.load_prompts, the same chat template), matched by id.
 Prints a Markdown table (and writes it to ``--out``); needs torch and transformers only, plus
 Eyrie for ``--prompts-jsonl``.
 """
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = {}
         if args.prompts_jsonl:
             sys.path.insert(0, str(ROOT))
-            from eyrie.evaluate.speculate import load_prompts
+            from eyrie.evaluate.loading import load_prompts
             from eyrie.target.load import load_tokenizer
 
             loaded = load_prompts(args.prompts_jsonl, load_tokenizer(args.target), len(plain))

@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = record(old["points"], old["prompts"])
         rec["machine"] = old["machine"]
     else:
-        from eyrie.evaluate.speculate import load_prompts
+        from eyrie.evaluate.loading import load_prompts
         from eyrie.target.load import load_tokenizer
 
         prompts = [p["input_ids"] for p in load_prompts(

@@ -260,7 +260,7 @@ def loop_pair(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from eyrie.evaluate.block_runner import BlockRunner
-    from eyrie.evaluate.speculate import Target
+    from eyrie.evaluate.target_runner import Target
 
     folder = build_llama(tmp_path_factory.mktemp("loop") / "t", layers=6, hidden=32)
     cfg = json.loads((folder / "config.json").read_text())

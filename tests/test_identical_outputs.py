@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not (TOY / "model.safetensors").is_file(), reaso
 def world():
     from transformers import AutoModelForCausalLM
 
-    from eyrie.evaluate.speculate import load_prompts
+    from eyrie.evaluate.loading import load_prompts
     from eyrie.target.load import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(TOY, dtype=torch.float32).eval()

@@ -14,13 +14,9 @@ from tiny_target import build_tokenizer
 from eyrie.data.chat_tokens import render
 from eyrie.evaluate import compare as cmp
 from eyrie.evaluate.compare import decode_turns
-from eyrie.evaluate.speculate import (
-    Generation,
-    SpeculateError,
-    greedy_generate,
-    load_prompts,
-    speculative_generate,
-)
+from eyrie.evaluate.loading import load_prompts
+from eyrie.evaluate.speculate import Generation, greedy_generate, speculative_generate
+from eyrie.evaluate.target_runner import SpeculateError
 from eyrie.evaluate.tree import tree_generate
 
 # the chain's fixtures: one torch thread, a tiny Llama target with an untrained drafter

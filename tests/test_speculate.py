@@ -18,14 +18,9 @@ from tiny_target import build_llama
 from eyrie.evaluate import compare as cmp
 from eyrie.evaluate import online
 from eyrie.evaluate.compare import interleaved, rows_of, summarize
-from eyrie.evaluate.speculate import (
-    DraftRunner,
-    Generation,
-    SpeculateError,
-    Target,
-    greedy_generate,
-    speculative_generate,
-)
+from eyrie.evaluate.draft_runner import DraftRunner
+from eyrie.evaluate.speculate import Generation, greedy_generate, speculative_generate
+from eyrie.evaluate.target_runner import SpeculateError, Target
 from eyrie.train.model import Drafter, DrafterConfig
 
 TOY = Path(__file__).resolve().parents[1] / "models" / "toy-llama"
@@ -173,7 +168,7 @@ def test_eos_stops_both_alike(tiny):
 
 @pytest.mark.skipif(not (TOY / "model.safetensors").is_file(), reason="toy-llama not built")
 def test_toy_target_speculation_is_greedy():
-    from eyrie.evaluate.speculate import load_prompts
+    from eyrie.evaluate.loading import load_prompts
     from eyrie.target.load import load_model, load_tokenizer
 
     model, _ = load_model(TOY, torch.device("cpu"))

@@ -9,7 +9,8 @@ import torch
 from test_speculate import PROMPTS, reference_greedy
 
 from eyrie.evaluate import tree as tr
-from eyrie.evaluate.speculate import SpeculateError, greedy_generate
+from eyrie.evaluate.speculate import greedy_generate
+from eyrie.evaluate.target_runner import SpeculateError
 from eyrie.evaluate.tree import Tree, accept_path, propose_tree, tree_generate, tree_shape
 
 # the chain's fixtures: one torch thread, a tiny Llama target with an untrained drafter

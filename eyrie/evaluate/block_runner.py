@@ -3,7 +3,7 @@
 Each verified token's aux states become keys and values in every draft layer once, when the
 target has seen the token (``extend``); a proposal is one pass over the block [last verified
 token, M, ..., M] at the next positions, attending to all cached rows and to its own slots.
-The interface is eyrie.evaluate.speculate.DraftRunner's chain part (reset, extend, propose,
+The interface is eyrie.evaluate.draft_runner.DraftRunner's chain part (reset, extend, propose,
 length), so ``speculative_generate`` verifies its drafts like EAGLE-3's.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from eyrie.evaluate.speculate import SpeculateError
+from eyrie.evaluate.target_runner import SpeculateError
 from eyrie.train.dflash import DFlashDrafter, draft_logits
 
 

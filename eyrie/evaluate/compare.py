@@ -29,14 +29,9 @@ from collections.abc import Callable
 
 from eyrie.common.progress import bar
 from eyrie.data.chat_tokens import render
-from eyrie.evaluate.speculate import (
-    DraftRunner,
-    Generation,
-    SpeculateError,
-    Target,
-    greedy_generate,
-    speculative_generate,
-)
+from eyrie.evaluate.draft_runner import DraftRunner
+from eyrie.evaluate.speculate import Generation, greedy_generate, speculative_generate
+from eyrie.evaluate.target_runner import SpeculateError, Target
 from eyrie.evaluate.tree import tree_generate, tree_shape
 
 
@@ -86,7 +81,7 @@ def answer_text(tokenizer, tokens: list[int]) -> str:
 def decode_turns(
     decode: Callable[[list[int]], Generation], prompt: dict, tokenizer=None
 ) -> Generation:
-    """Every turn of ``prompt`` (eyrie.evaluate.speculate.load_prompts) decoded by
+    """Every turn of ``prompt`` (eyrie.evaluate.loading.load_prompts) decoded by
     ``decode(input_ids)``: the first turn, then for each follow-up the conversation so far (the
     earlier answers ``decode``'s own) and the follow-up's turns, rendered with the chat
     template's generation prompt and decoded from a new prefill. One Generation: the turns'

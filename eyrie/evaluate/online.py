@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from eyrie.common.provenance import machine
-    from eyrie.evaluate.speculate import load_prompts
+    from eyrie.evaluate.loading import load_prompts
     from eyrie.target.load import load_tokenizer
 
     tokenizer = load_tokenizer(args.target)

@@ -4,8 +4,9 @@ Each ``run_*`` takes plain paths and settings, runs one measurement and writes i
 
 - run_evaluate: offline acceptance on the held-out stores (eyrie/evaluate/acceptance.py);
 - run_speculate: plain vs speculative greedy decoding in-process, interleaved prompt by prompt
-  and repeated, every turn of a multi-turn prompt (eyrie/evaluate/compare.py, decoding in
-  eyrie/evaluate/speculate.py);
+  and repeated, every turn of a multi-turn prompt (eyrie/evaluate/compare.py; decoding in
+  eyrie/evaluate/speculate.py and tree.py, the target and drafter pair and the prompts from
+  loading.py);
 - run_online: SGLang's own measurement with and without the drafter (eyrie/evaluate/online.py:
   measure_servers);
 - run_report: figures and summary.md from the records (eyrie/evaluate/report.py).
@@ -100,24 +101,24 @@ def run_speculate(
 ) -> dict:
     """The transformers loop: plain vs speculative greedy decoding, with the machine; the
     speed-up is the median of ``repeats`` interleaved passes (eyrie/evaluate/compare.py)."""
-    from eyrie.evaluate import speculate
+    from eyrie.evaluate import loading
     from eyrie.evaluate.compare import compare
 
     dev = pick_device(device, "evaluate.device")
-    target, runner, tokenizer, meta = speculate.load_pair(
+    target, runner, tokenizer, meta = loading.load_pair(
         target_dir, drafter_dir, dev, dtype, architecture
     )
     if meta.get("method") == "dflash":  # one chain: the block's drafts, as SGLang serves it
         draft_tokens, topk, verify_tokens = int(meta["config"]["block_size"]) - 1, 1, None
     try:
-        ps = speculate.load_prompts(prompts_jsonl, tokenizer, prompts)
+        ps = loading.load_prompts(prompts_jsonl, tokenizer, prompts)
         result = compare(
             target,
             runner,
             ps,
             k=draft_tokens,
             max_new_tokens=max_new_tokens,
-            eos=speculate.eos_ids(tokenizer, target.model.config),
+            eos=loading.eos_ids(tokenizer, target.model.config),
             warmup=warmup,
             repeats=repeats,
             topk=topk,
@@ -176,7 +177,7 @@ def run_online(
             raise online.OnlineError(f"the online SGLang measurement cannot run: {reason}")
         record = online.not_run(reason)
     else:
-        from eyrie.evaluate.speculate import load_prompts
+        from eyrie.evaluate.loading import load_prompts
         from eyrie.target.load import load_tokenizer
 
         tokenizer = load_tokenizer(target_dir)

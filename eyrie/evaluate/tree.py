@@ -28,17 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from eyrie.evaluate.speculate import (
-    DraftRunner,
-    Generation,
-    SpeculateError,
-    Target,
-    cache_length,
-    crop_cache,
-    cut_output,
-    start_speculation,
-    sync_device,
-)
+from eyrie.evaluate.draft_runner import DraftRunner
+from eyrie.evaluate.speculate import Generation, cut_output, start_speculation, sync_device
+from eyrie.evaluate.target_runner import SpeculateError, Target, cache_length, crop_cache
 
 
 @dataclass

@@ -7,9 +7,9 @@ eyrie/train/stage.py's draft_vocab, as rule draft_vocab runs it.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
+from eyrie.cli.config import stage_config
 from eyrie.common.layout import Layout, configured_stores
 
 
@@ -24,12 +24,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from eyrie.common.config import load
     from eyrie.target.load import configured_dir
     from eyrie.train.stage import draft_vocab
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load(args.config)
+    cfg = stage_config(args)
     out = Path(args.out or Layout.of(cfg).vocab())
     summary = draft_vocab(
         stores=args.stores or configured_stores(cfg, "train"),

@@ -7,9 +7,9 @@ eyrie/evaluate/stage.py's run_evaluate, as rule evaluate_acceptance runs it.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
+from eyrie.cli.config import stage_config
 from eyrie.common.layout import Layout, configured_stores
 
 
@@ -24,16 +24,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from eyrie.common.config import load
     from eyrie.evaluate.stage import evaluation_steps, run_evaluate
     from eyrie.target.load import configured_dir
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load(args.config)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    cfg = stage_config(args)
     ev, layout = cfg["evaluate"], Layout.of(cfg)
     out = Path(args.out or layout.evaluate_dir())
     rec = run_evaluate(

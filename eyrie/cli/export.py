@@ -9,9 +9,9 @@ the layers are checked against what extraction captured).
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
+from eyrie.cli.config import stage_config
 from eyrie.common.layout import Layout
 
 
@@ -37,13 +37,11 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from eyrie.common.atomic import write_json
-    from eyrie.common.config import load
     from eyrie.export.check import EXPORT_META
     from eyrie.export.stage import export_checked
     from eyrie.target.load import configured_dir
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load(args.config)
+    cfg = stage_config(args)
     layout = Layout.of(cfg)
     vocab = Path(args.vocab or layout.vocab())
     records = {}

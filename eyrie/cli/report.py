@@ -7,9 +7,9 @@ eyrie/evaluate/stage.py's run_report, as rule report runs it.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
+from eyrie.cli.config import stage_config
 from eyrie.common.layout import SPLITS, Layout
 
 
@@ -19,11 +19,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from eyrie.common.config import load
     from eyrie.evaluate.stage import run_report
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    layout = Layout.of(load(args.config))
+    layout = Layout.of(stage_config(args))
     ev = layout.evaluate_dir()
     written = run_report(
         out_dir=args.out or layout.report_dir(),

@@ -9,9 +9,9 @@ evaluate_sglang run them.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
+from eyrie.cli.config import stage_config
 from eyrie.common.layout import Layout
 
 
@@ -48,16 +48,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from eyrie.common.config import load
     from eyrie.evaluate.stage import run_online, run_speculate
     from eyrie.target.load import configured_dir
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load(args.config)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    cfg = stage_config(args)
     ev, layout = cfg["evaluate"], Layout.of(cfg)
     common = dict(
         target_dir=args.target or configured_dir(cfg),

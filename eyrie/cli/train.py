@@ -9,9 +9,9 @@ with DDP.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
+from eyrie.cli.config import stage_config
 from eyrie.common.layout import Layout, configured_stores
 
 
@@ -29,12 +29,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from eyrie.common.config import load
     from eyrie.target.load import configured_dir
     from eyrie.train.stage import run_train, trained
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load(args.config)
+    cfg = stage_config(args)
     settings = dict(cfg["train"])
     if args.max_steps:
         settings["max_steps"] = args.max_steps
@@ -50,7 +48,6 @@ def run(args) -> int:
         work_dir=args.work,
         settings=settings,
         progress=not args.no_progress,
-        threads=args.threads,
     )
     line = trained(out, summary)
     if line:

@@ -1,20 +1,17 @@
-"""Snakemake adapter for rule draft_vocab: count, pick the top tokens, write the maps."""
+"""Snakemake adapter for rule draft_vocab: eyrie.train.stage.draft_vocab on the train stores."""
 
 import json
-from pathlib import Path
 
 from eyrie.common.adapter import rule_log
-from eyrie.common.hf_config import text_config
-from eyrie.train import vocab as draft_vocab
+from eyrie.train.stage import draft_vocab
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
 with rule_log(sm, threads=False):
-    target = json.loads(Path(sm.input.target).read_text())
-    vocab_size = int(text_config(target)["vocab_size"])
-    size = min(int(sm.params.size), vocab_size)
-    counts = draft_vocab.count_tokens(list(sm.input.stores), vocab_size)
-    vocab = draft_vocab.build(counts, size)
-    meta = {"stores": list(sm.input.stores), "target_config": sm.input.target}
-    summary = draft_vocab.save(vocab, sm.output.vocab, meta)
+    summary = draft_vocab(
+        stores=list(sm.input.stores),
+        target_config=sm.input.target,
+        size=sm.params.size,
+        out=sm.output.vocab,
+    )
     print(json.dumps(summary, indent=1))

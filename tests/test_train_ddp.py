@@ -68,9 +68,22 @@ def test_ddp_two_processes_equal_one(tmp_path):
     one = tmp_path / "one"
     subprocess.run(command(cfg, s, one), env=env, check=True, capture_output=True, cwd=REPO)
     two = tmp_path / "two"
-    # Started as rule train_drafter starts it (eyrie.train.launch, train.rdzv_host null).
-    launch = [sys.executable, "-m", "eyrie.train.launch", "--processes", "2", "--"]
-    done, listening = run_watching_sockets(launch + command(cfg, s, two), env, tmp_path)
+    # Started as rule train_drafter starts it: run_train with train.processes 2 (eyrie.train.launch,
+    # train.rdzv_host null), each process running eyrie.train.stage.
+    job = {
+        "train_stores": [str(p) for p in s["train"]],
+        "heldout_stores": [str(p) for p in s["heldout"]],
+        "target_dir": str(s["target"]),
+        "vocab_path": str(s["vocab"]),
+        "out_dir": str(two),
+        "settings": settings,
+        "progress": False,
+        "processes": 2,
+        "threads": 2,
+    }
+    rule = "import json, sys; import eyrie.train.stage as t; t.run_train(**json.loads(sys.argv[1]))"
+    cmd = [sys.executable, "-c", rule, json.dumps(job)]
+    done, listening = run_watching_sockets(cmd, env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     # Every socket the run listened on is on loopback (torchrun --standalone listens on *).
     assert listening, "no listening socket was seen; the watch is broken"

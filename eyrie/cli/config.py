@@ -9,6 +9,7 @@ as the run will see it.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import yaml
@@ -75,6 +76,18 @@ def load_for(command: str, path, base=None) -> dict | None:
     except ConfigError as exc:
         print(f"eyrie {command}: {exc}", file=sys.stderr)
         return None
+
+
+def stage_config(args) -> dict:
+    """The config of a stage's subcommand (``--config``; a ConfigError reaches eyrie.cli.main),
+    with the stage's INFO logging on, and torch's CPU threads set where ``--threads`` is given."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = load(args.config)
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return cfg
 
 
 def check_config(config: dict) -> None:

@@ -1,32 +1,12 @@
-"""`eyrie dataset PATH | make-dataset`: read a chat file, or build the shipped one.
-
-- dataset: report every record of a chat file (JSON Lines, or one JSON array) that is not a
-  sample;
-- make-dataset: build data/chat (train, heldout, datasheet) from the standard library's docs.
-
-One module serves both subcommands; which one is read from the parser's program name
-(``eyrie NAME``), as eyrie/cli/main.py builds it.
-"""
+"""`eyrie dataset PATH`: report every record of a chat file (JSON Lines, or one JSON array) that
+is not a sample."""
 
 from __future__ import annotations
 
-import platform
 import sys
-
-COMMANDS = ("dataset", "make-dataset")
 
 
 def add_arguments(parser) -> None:
-    name = parser.prog.split()[-1]
-    if name not in COMMANDS:
-        raise SystemExit(f"eyrie.cli.dataset serves {COMMANDS}, not {name!r}")
-    parser.set_defaults(_dataset_command=name)
-    if name == "make-dataset":
-        from eyrie.data.chat_corpus import SEED
-
-        parser.add_argument("--out", default="data/chat", help="folder for train/heldout JSONL")
-        parser.add_argument("--seed", type=int, default=SEED, help="seed for phrasing and order")
-        return
     from eyrie.data.dataset import FORMATS, POLICIES
 
     parser.add_argument(
@@ -60,8 +40,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    if args._dataset_command == "make-dataset":
-        return make_dataset(args)
     return check_dataset(args)
 
 
@@ -98,13 +76,4 @@ def check_dataset(args) -> int:
     if bad and args.on_bad_input == "fail":
         print(f"error: {bad} bad line(s) in {args.path}, listed above", file=sys.stderr)
         return 1
-    return 0
-
-
-def make_dataset(args) -> int:
-    from eyrie.data.shipped import write
-
-    counts = write(args.out, args.seed)
-    summary = ", ".join(f"{k}: {v}" for k, v in counts.items())
-    print(f"wrote {args.out}: {summary} conversations (Python {platform.python_version()})")
     return 0

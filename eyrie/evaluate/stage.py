@@ -11,8 +11,8 @@ Each ``run_*`` takes plain paths and settings, runs one measurement and writes i
   measure_servers);
 - run_report: figures and summary.md from the records (eyrie/evaluate/report.py).
 
-The Snakemake adapters in scripts/ and eyrie/cli/evaluate.py call these, so a rule and a
-subcommand give the same record.
+The Snakemake adapters in scripts/ and the subcommands (eyrie/cli/evaluate.py, speculate.py,
+report.py) call these, so a rule and a subcommand give the same record.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ For each store: every stored sample's token ids must equal the tokenizer's own c
 output_hidden_states=True in cosine similarity (hidden_states[i + 1] is the output of decoder
 layer i, hidden_states[-1] is after the final norm). Prints a table; exits 1 on any mismatch.
 
-    python scripts/check_store_independent.py --target models/toy-llama \
+    python benchmarks/check_store_independent.py --target models/toy-llama \
         --data results/data/train.jsonl --max-tokens 512 results/store/train/shard-*.zarr
 """
 

@@ -26,10 +26,7 @@ import json
 from pathlib import Path
 
 import torch
-
-
-def stores(results: Path, split: str) -> list[Path]:
-    return sorted((results / "store" / split).glob("shard-*.zarr"))
+from peers import stores
 
 
 def convert(args) -> None:
@@ -87,36 +84,15 @@ def train(argv: list[str]) -> None:
 
 
 def score(args) -> None:
+    from peers import score as peer_score
     from safetensors.torch import load_file
 
-    from eyrie.evaluate.acceptance import evaluate_stores
-    from eyrie.store.shard import ShardReader
-    from eyrie.train.model import Drafter, DrafterConfig
-
     sd = load_file(str(Path(args.checkpoint) / "model.safetensors"))
-    target = json.loads((Path(args.target) / "config.json").read_text())
-    N = sd["lm_head.weight"].shape[0]
-    cfg = DrafterConfig.from_target(target, num_aux=3, draft_vocab_size=N)
-    model = Drafter(cfg)
-    mine = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()}
-    extra = sorted(set(mine) - set(model.state_dict()) - {"embed_tokens.weight"})
-    if extra:  # e.g. input_norm: trained with norm_before_fc, a shape Eyrie does not have
-        raise SystemExit(f"checkpoint holds {extra}: not the EAGLE-3 shape Eyrie trains")
-    mine = {k: v for k, v in mine.items() if k in model.state_dict()}
-    if "d2t" not in mine:  # full vocabulary: draft id = target id
-        mine["d2t"] = torch.zeros(N, dtype=torch.int64)
-        mine["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
-    missing = set(model.state_dict()) - set(mine)
-    if missing:
-        raise SystemExit(f"checkpoint lacks {sorted(missing)}")
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in mine.items()})
-    model.eval()
-    held = stores(Path(args.results), "heldout")
-    aux_ids = ShardReader(held[0]).aux_layer_ids
-    res = evaluate_stores(
-        model, aux_ids, args.target, held, steps=args.steps, batch_size=8, max_len=args.max_len
+    state = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()}
+    res = peer_score(
+        state, target=args.target, results=args.results, steps=args.steps, max_len=args.max_len
     )
-    print(json.dumps(res.to_dict()))
+    print(json.dumps(res))
 
 
 def main() -> None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -52,32 +51,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import ROOT, machine
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # tiny_target, for a stand-in when toy-llama is absent
-
-from eyrie.common.provenance import machine as provenance_machine  # noqa: E402
-from eyrie.data.split import read_split  # noqa: E402
-from eyrie.extract.graphs import GraphForward, attention_mask_4d  # noqa: E402
-from eyrie.extract.job import batches as batched  # noqa: E402
-from eyrie.extract.job import groups_to_do  # noqa: E402
-from eyrie.extract.shard import ExtractJob, ShardTask, capture_for  # noqa: E402
-from eyrie.extract.tokens import tokenize  # noqa: E402
-from eyrie.extract.writing import use_writer_process, writing_for  # noqa: E402
-from eyrie.store.codecs import shard_tokens_for  # noqa: E402
-from eyrie.store.slabs import SlabPool  # noqa: E402
-from eyrie.target.load import load_target, resolve_device  # noqa: E402
-
-
-def machine(device: str) -> str:
-    """One line from eyrie.common.provenance.machine(), plus the host and platform."""
-    m = provenance_machine()
-    gpu = m["gpu"] if device == "cuda" else "none"
-    return (
-        f"{platform.node()} | {platform.platform()} | CPU {m['cpu']}, {m['cpu_cores']} cores, "
-        f"torch threads {m['torch_threads']} | GPU {gpu} | torch {m['torch']}"
-    )
+from eyrie.data.split import read_split
+from eyrie.extract.graphs import GraphForward, attention_mask_4d
+from eyrie.extract.job import batches as batched
+from eyrie.extract.job import groups_to_do
+from eyrie.extract.shard import ExtractJob, ShardTask, capture_for
+from eyrie.extract.tokens import tokenize
+from eyrie.extract.writing import use_writer_process, writing_for
+from eyrie.store.codecs import shard_tokens_for
+from eyrie.store.slabs import SlabPool
+from eyrie.target.load import load_target, resolve_device
 
 
 def target_dir(arg: str | None, tmp: Path) -> Path:

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import ROOT, machine
+from common import ROOT, each_and_median, machine
 
 from eyrie.data.split import read_split
 from eyrie.extract.graphs import GraphForward, attention_mask_4d
@@ -456,29 +456,23 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         pinned_pairs = [(s["total"] - s["setup"]) / s["bare_pinned"] for s in rs]
         print(
             "  each repeat against the forward without lm_head run beside it (its pair): "
-            + ", ".join(f"{p:.3f}x" for p in paired)
-            + f" (median {med(paired):.3f}x)"
+            + each_and_median(paired)
         )
         print(
             "  each repeat against its pair with pinned inputs: "
-            + ", ".join(f"{p:.3f}x" for p in pinned_pairs)
-            + f" (median {med(pinned_pairs):.3f}x; goal <= 1.10x: "
-            + f"{'met' if med(pinned_pairs) <= 1.10 else 'NOT met'})"
+            + each_and_median(pinned_pairs, goal=1.10)
         )
         pairs_4d = [(s["total"] - s["setup"]) / s["bare_4d"] for s in rs]
         print(
             "  each repeat against its pair with pinned inputs and the 4-D mask: "
-            + ", ".join(f"{p:.3f}x" for p in pairs_4d)
-            + f" (median {med(pairs_4d):.3f}x; goal <= 1.10x: "
-            + f"{'met' if med(pairs_4d) <= 1.10 else 'NOT met'})"
+            + each_and_median(pairs_4d, goal=1.10)
         )
         if "slabs" in rs[0]:  # in the setup, outside the ratios above: with it counted
             with_slabs = [(s["total"] - s["setup"] + s["slabs"]) / s["bare_base"] for s in rs]
             print(
                 f"  the writer's slabs made and registered in the setup: "
                 f"{med(s['slabs'] for s in rs):.3f} s; counted, each repeat against its pair: "
-                + ", ".join(f"{p:.3f}x" for p in with_slabs)
-                + f" (median {med(with_slabs):.3f}x)"
+                + each_and_median(with_slabs)
             )
         if bare_graph:
             graph_pairs = [(s["total"] - s["setup"]) / s["bare_graph"] for s in rs]

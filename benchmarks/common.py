@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -55,3 +56,13 @@ def machine(device: str) -> str:
         f"{platform.node()} | {platform.platform()} | CPU {m['cpu']}, {m['cpu_cores']} cores, "
         f"torch threads {m['torch_threads']} | GPU {gpu} | torch {m['torch']}"
     )
+
+
+def each_and_median(ratios, goal: float | None = None) -> str:
+    """`1.020x, 1.100x (median 1.060x[; goal <= 1.10x: met])`: every repeat's ratio, so that a
+    host whose speed drifts shows as a spread, and the median, the figure it moves least."""
+    median = statistics.median(ratios)
+    verdict = (
+        "" if goal is None else f"; goal <= {goal:.2f}x: {'met' if median <= goal else 'NOT met'}"
+    )
+    return ", ".join(f"{r:.3f}x" for r in ratios) + f" (median {median:.3f}x{verdict})"

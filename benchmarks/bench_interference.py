@@ -43,7 +43,7 @@ from bench_extract import (
     target_dir,
     workload_args,
 )
-from common import ROOT, machine
+from common import ROOT, each_and_median, machine
 
 from eyrie.data.split import read_split
 from eyrie.extract.tokens import tokenize
@@ -138,8 +138,7 @@ def main(argv=None) -> int:
             print(
                 f"{kind:6s} x{len(cpus):<2d} on {cpus[0]}-{cpus[-1]}: forward alone "
                 f"{statistics.median(alone):.3f} s; with them / alone, each pair: "
-                + " ".join(f"{r:.2f}" for r in ratios)
-                + f" (median {statistics.median(ratios):.3f}x)",
+                + each_and_median(ratios),
                 flush=True,
             )
 

@@ -144,10 +144,10 @@ def cosine_bar(min_cosine: float, keep: int | None) -> float:
 def hidden_compressors(chunk_bytes: int) -> list:
     """The bf16 arrays' compressors for inner chunks of `chunk_bytes` raw bytes.
 
-    The two byte planes (``plane_compressors``) below ``PLANES_BELOW``, where they are 5-12 %
-    smaller than Blosc's own byte shuffle at the same decode speed; Blosc's byte shuffle
-    (``blosc_compressors(2)``) from it, where the two are within 0.5 % and the planes would
-    cost a third of the decode speed (benchmarks/RESULTS.md, "The new lossless default").
+    The two byte planes (``plane_compressors``) below ``PLANES_BELOW``, where they are smaller
+    than Blosc's own byte shuffle at the same decode speed; Blosc's byte shuffle
+    (``blosc_compressors(2)``) from it, where the two are about as small and the planes would
+    decode slower (docs/store-format.md; benchmarks/RESULTS.md, "The new lossless default").
     """
     if stored_as_planes(chunk_bytes):
         return plane_compressors(chunk_bytes)
@@ -222,7 +222,7 @@ def byte_planes(values: np.ndarray, elementsize: int = PLANE_BYTES) -> np.ndarra
 def from_byte_planes(planes, dtype, shape, elementsize: int = PLANE_BYTES) -> np.ndarray:
     """The inverse of ``byte_planes``: a new C-contiguous array of `dtype` and `shape`.
 
-    One copy a plane into its byte of every item (a transposed copy is 6x slower here).
+    One copy a plane into its byte of every item (a transposed copy is several times slower).
     """
     raw = np.frombuffer(planes, dtype=np.uint8)
     if raw.size % elementsize:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from common import default_target
 
 # What every variant trains with unless --set changes it.
 BASE_SETTINGS = {"epochs": 1, "batch_size": 8, "max_len": 512, "ttt_steps": 5, "lr": 0.003}
@@ -27,14 +28,6 @@ BASE_SETTINGS |= {"warmup_steps": 10, "checkpoint_every": 10**6, "num_workers": 
 
 def parse_value(v: str):
     return yaml.safe_load(v)
-
-
-def default_target() -> str:
-    """The shipped config's target (validated by the project's loader): what a default run's
-    stores were made from."""
-    from eyrie.common.config import load
-
-    return load(Path(__file__).resolve().parents[1] / "config.yaml")["target"]["path"]
 
 
 def print_table(log: str) -> None:

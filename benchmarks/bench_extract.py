@@ -2,10 +2,10 @@
 
 Each run measures extraction twice in the same process, alternating: with the writer thread
 (`writer_queue` 1, the default: compression, checksums and fsync overlap the next group's
-forward passes) and inline (`writer_queue` 0, as before), so the before/after ratio comes from
-one run. `--width realistic` adds a random-weight Llama of Llama-3-8B's layer shape (hidden
-4096, 14336 MLP, 32 heads, 8 KV heads; --layers of them, bf16 on CUDA) with the toy tokenizer,
-run on the same chat samples (their real lengths).
+forward passes) and inline (`writer_queue` 0), so the ratio of the two comes from one run.
+`--width realistic` adds a random-weight Llama of Llama-3-8B's layer shape (hidden 4096, 14336
+MLP, 32 heads, 8 KV heads; --layers of them, bf16 on CUDA) with the toy tokenizer, run on the
+same chat samples (their real lengths).
 
 The baseline runs the target on exactly the batches extraction runs (same samples, same padding,
 same order), with no hooks and nothing kept: the cost any capture must pay. Extraction is timed
@@ -49,12 +49,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 from common import ROOT, each_and_median, machine
 
 from eyrie.data.split import read_split
 from eyrie.extract.graphs import GraphForward, attention_mask_4d
+from eyrie.extract.hf import padded_batch
 from eyrie.extract.job import batches as batched
 from eyrie.extract.job import groups_to_do
 from eyrie.extract.shard import ExtractJob, ShardTask, capture_for
@@ -97,19 +97,6 @@ def extraction_batches(good, commit_every: int, batch_size: int) -> list[list]:
         for group in groups_to_do(good, commit_every, set(), set())
         for batch in batched(group, batch_size)
     ]
-
-
-def padded_batch(seqs, pad_id: int, rows: int | None = None, width: int | None = None):
-    """(token ids, mask) of `seqs` right-padded to `width` tokens (default: the longest) and
-    `rows` rows (default: one per sequence), as extraction pads its batches."""
-    rows = len(seqs) if rows is None else rows
-    width = max(map(len, seqs)) if width is None else width
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
-        mask[r, : len(s)] = 1
-    return ids, mask
 
 
 def bare_forward(

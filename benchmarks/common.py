@@ -66,3 +66,11 @@ def each_and_median(ratios, goal: float | None = None) -> str:
         "" if goal is None else f"; goal <= {goal:.2f}x: {'met' if median <= goal else 'NOT met'}"
     )
     return ", ".join(f"{r:.3f}x" for r in ratios) + f" (median {median:.3f}x{verdict})"
+
+
+def default_target() -> str:
+    """The shipped config's target (validated by the project's loader): what a default run's
+    stores were made from."""
+    from eyrie.common.config import load
+
+    return load(ROOT / "config.yaml")["target"]["path"]

@@ -542,7 +542,7 @@ def main(argv=None) -> int:
         type=int,
         nargs="+",
         default=[1, 0],
-        help="extract's writer_queue values to run (0: inline writes, as before)",
+        help="extract's writer_queue values to run (0: inline writes on the forward's thread)",
     )
     ap.add_argument(
         "--shard-tokens",

@@ -13,12 +13,11 @@ Two things live here, apart from the writer and reader (eyrie/store/writer.py, r
   Why: a bf16 value's high byte (sign, 7 exponent bits) is very repetitive, its low byte (the
   exponent's last bit, 7 mantissa bits) close to random. In a small chunk one zstd stream
   codes both planes of Blosc's shuffled block, so its entropy coding (a Huffman table per
-  128 KiB zstd block) fits a mix of the two; separate streams are 5-12 % smaller (0.687x /
-  0.663x of raw bf16 on the toys' activations, against 0.724x / 0.751x), decoding as fast. In
-  chunks of 768 KiB and more each plane of a Blosc block fills whole zstd blocks anyway: the
-  two layouts are within 0.5 %, and the planes decode at about two thirds of the speed
-  (unshuffled in a pass of their own, not in Blosc's cache). ``benchmarks/bench_codecs.py``
-  measures both (benchmarks/RESULTS.md). ``input_ids`` and ``loss_mask`` (5 bytes a token)
+  128 KiB zstd block) fits a mix of the two; separate streams are smaller, decoding as fast.
+  In large chunks each plane of a Blosc block fills whole zstd blocks anyway: the two layouts
+  are about as small, and the planes decode slower (unshuffled in a pass of their own, not in
+  Blosc's cache). ``benchmarks/bench_codecs.py`` measures both (the figures:
+  docs/store-format.md, benchmarks/RESULTS.md). ``input_ids`` and ``loss_mask`` (5 bytes a token)
   keep ``blosc_compressors``: core Zarr v3 codecs only, so any Zarr v3 reader gets the
   tokens. Every codec is recorded in each array's ``zarr.json``, so a reader never needs to
   know which Eyrie wrote a store; all are core Zarr v3 codecs (or registered extensions)

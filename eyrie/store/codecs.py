@@ -244,8 +244,9 @@ def shard_tokens_for(setting, chunk_tokens: int, hidden: int, k: int) -> int:
     group is written several times over. ``auto`` keeps aux_hidden's shard file near 64 MiB
     raw: the largest chunk_tokens x 2^n at most 4096 tokens within that size (4096 at the toys'
     widths, 2048 at hidden 4096 with 3 aux layers, 1024 at 7168), and one chunk at least. The
-    4096 cap: at 16384 the toys' commit groups (about 7,500 tokens) wrote 2.0x the store's
-    bytes (4096: 1.26x), and the writer was the limit of extraction on the H200.
+    4096 cap: larger shard files made the toys' commit groups (about 7,500 tokens) write about
+    twice the store's bytes, where the writer was the limit of extraction on the H200
+    (benchmarks/RESULTS.md).
     """
     if setting != "auto":
         return int(setting)

@@ -1,9 +1,11 @@
 """Train drafter variants on one run's stores, same data, and print held-out acc_k and time.
 
     python benchmarks/ablate_drafter.py --name base --set epochs=1 lr=0.003 [--vocab-size 4096]
+    python benchmarks/ablate_drafter.py --table        # the log as a Markdown table
 
 Each variant appends one JSON line to --log (default benchmarks/ablation.jsonl): its settings,
 held-out acc_k, chain acc, steps and wall time. Stores are {results}/store/{train,heldout}.
+--table prints the log, each variant with the settings it changed from BASE_SETTINGS.
 """
 
 from __future__ import annotations
@@ -17,23 +19,36 @@ from pathlib import Path
 
 import torch
 import yaml
+from common import default_target
+
+# What every variant trains with unless --set changes it.
+BASE_SETTINGS = {"epochs": 1, "batch_size": 8, "max_len": 512, "ttt_steps": 5, "lr": 0.003}
+BASE_SETTINGS |= {"warmup_steps": 10, "checkpoint_every": 10**6, "num_workers": 1}
 
 
 def parse_value(v: str):
     return yaml.safe_load(v)
 
 
-def default_target() -> str:
-    """The shipped config's target (validated by the project's loader): what a default run's
-    stores were made from."""
-    from eyrie.common.config import load
-
-    return load(Path(__file__).resolve().parents[1] / "config.yaml")["target"]["path"]
+def print_table(log: str) -> None:
+    """The log's variants as a Markdown table: the settings each changed, held-out acc_k."""
+    print("| variant | changed settings | steps | held-out acc_0..K | chain_acc_0..K | wall s |")
+    print("|---|---|---|---|---|---|")
+    for line in Path(log).read_text().splitlines():
+        r = json.loads(line)
+        diff = {k: v for k, v in r["settings"].items() if BASE_SETTINGS.get(k) != v}
+        if r.get("vocab_size"):
+            diff["draft_vocab.size"] = r["vocab_size"]
+        acc = " / ".join(f"{100 * a:.1f}" for a in r["acc"])
+        chain = " / ".join(f"{100 * a:.1f}" for a in r["chain_acc"])
+        changed = ", ".join(f"{k}={v}" for k, v in diff.items()) or "(default)"
+        print(f"| {r['name']} | {changed} | {r['steps']} | {acc} | {chain} | {r['wall_s']:.0f} |")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--name", required=True)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--name", help="the variant's name in the log (needed unless --table)")
+    ap.add_argument("--table", action="store_true", help="print --log as a table and stop")
     ap.add_argument("--results", default="results")
     ap.add_argument("--target", default=default_target(), help="default: config.yaml's")
     ap.add_argument("--set", nargs="*", default=[], help="train settings, key=value (YAML)")
@@ -43,6 +58,11 @@ def main() -> None:
     ap.add_argument("--accept-steps", type=int, help="also score K drafts like eyrie evaluate")
     ap.add_argument("--keep-drafter", help="copy the trained drafter folder here")
     args = ap.parse_args()
+    if args.table:
+        print_table(args.log)
+        return
+    if not args.name:
+        ap.error("--name is needed to train a variant")
     torch.set_num_threads(args.threads)
 
     from eyrie.train import vocab as draft_vocab
@@ -51,8 +71,7 @@ def main() -> None:
     r = Path(args.results)
     tr = sorted((r / "store" / "train").glob("shard-*.zarr"))
     he = sorted((r / "store" / "heldout").glob("shard-*.zarr"))
-    settings = {"epochs": 1, "batch_size": 8, "max_len": 512, "ttt_steps": 5, "lr": 0.003}
-    settings.update({"warmup_steps": 10, "checkpoint_every": 10**6, "num_workers": 1})
+    settings = dict(BASE_SETTINGS)
     for kv in args.set:
         k, v = kv.split("=", 1)
         settings[k] = parse_value(v)

@@ -30,28 +30,22 @@ import warnings
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from bench_extract import (  # noqa: E402
+from bench_extract import (
     bare_forward,
     build_realistic,
     extraction_batches,
-    machine,
     split_file,
     target_dir,
     workload_args,
 )
+from common import machine
 
-from eyrie.data.split import read_split  # noqa: E402
-from eyrie.extract.hf import HFCapture, padded_batch  # noqa: E402
-from eyrie.extract.tokens import tokenize  # noqa: E402
-from eyrie.store.slabs import Slab, aligned  # noqa: E402
-from eyrie.target.layers import resolve_aux_layer_ids  # noqa: E402
-from eyrie.target.load import load_target, resolve_device  # noqa: E402
+from eyrie.data.split import read_split
+from eyrie.extract.hf import HFCapture, padded_batch
+from eyrie.extract.tokens import tokenize
+from eyrie.store.slabs import Slab, aligned
+from eyrie.target.layers import resolve_aux_layer_ids
+from eyrie.target.load import load_target, resolve_device
 
 
 def sync() -> None:

@@ -28,8 +28,6 @@ import argparse
 import ctypes
 import json
 import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,19 +35,17 @@ from pathlib import Path
 import numcodecs
 import numpy as np
 import torch
+from common import ROOT, host_line, versions_line
 from numcodecs import Blosc, Zstd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from eyrie.store.codecs import (  # noqa: E402
+from eyrie.store.codecs import (
     byte_planes,
     from_byte_planes,
     plane_compressors,
     round_bf16_bits,
     stored_as_planes,
 )
-from eyrie.store.shard_files import numcodecs_blosc  # noqa: E402
+from eyrie.store.shard_files import numcodecs_blosc
 
 MIB = 1 << 20
 
@@ -398,12 +394,9 @@ def main(argv=None) -> int:
     numcodecs.blosc.set_nthreads(1)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"machine: {platform.platform()} | {os.cpu_count()} cpus | load average {load}")
-    print(
-        f"python {sys.version.split()[0]} | torch {torch.__version__} | numcodecs "
-        f"{numcodecs.__version__} (blosc {numcodecs.blosc.VERSION_STRING}) | 1 blosc thread"
-    )
+    print(host_line())
+    blosc = f"{numcodecs.__version__} (blosc {numcodecs.blosc.VERSION_STRING}), 1 blosc thread"
+    print(versions_line(numcodecs=blosc))
     print(f"data: first {args.samples} samples of {args.data}, max_tokens {args.max_tokens}")
     bad = split_mode_is_safe()
     print(

@@ -15,21 +15,17 @@ Prints the machine and each ratio to the bare call.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
+import common  # noqa: F401 (puts the repository and tests/ on sys.path)
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from eyrie.common.device import pick_device  # noqa: E402
-from eyrie.common.provenance import machine  # noqa: E402
-from eyrie.evaluate.loading import DTYPES  # noqa: E402
-from eyrie.evaluate.speculate import greedy_generate, sync_device  # noqa: E402
-from eyrie.evaluate.target_runner import Target  # noqa: E402
-from eyrie.target.layers import find_decoder_layers  # noqa: E402
+from eyrie.common.device import pick_device
+from eyrie.common.provenance import machine
+from eyrie.evaluate.loading import DTYPES
+from eyrie.evaluate.speculate import greedy_generate, sync_device
+from eyrie.evaluate.target_runner import Target
+from eyrie.target.layers import find_decoder_layers
 
 
 def per_step_ms(step, device, n: int) -> float:

@@ -2,10 +2,10 @@
 
 Each run measures extraction twice in the same process, alternating: with the writer thread
 (`writer_queue` 1, the default: compression, checksums and fsync overlap the next group's
-forward passes) and inline (`writer_queue` 0, as before), so the before/after ratio comes from
-one run. `--width realistic` adds a random-weight Llama of Llama-3-8B's layer shape (hidden
-4096, 14336 MLP, 32 heads, 8 KV heads; --layers of them, bf16 on CUDA) with the toy tokenizer,
-run on the same chat samples (their real lengths).
+forward passes) and inline (`writer_queue` 0), so the ratio of the two comes from one run.
+`--width realistic` adds a random-weight Llama of Llama-3-8B's layer shape (hidden 4096, 14336
+MLP, 32 heads, 8 KV heads; --layers of them, bf16 on CUDA) with the toy tokenizer, run on the
+same chat samples (their real lengths).
 
 The baseline runs the target on exactly the batches extraction runs (same samples, same padding,
 same order), with no hooks and nothing kept: the cost any capture must pay. Extraction is timed
@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -50,34 +49,20 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
+from common import ROOT, each_and_median, machine
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # tiny_target, for a stand-in when toy-llama is absent
-
-from eyrie.common.provenance import machine as provenance_machine  # noqa: E402
-from eyrie.data.split import read_split  # noqa: E402
-from eyrie.extract.graphs import GraphForward, attention_mask_4d  # noqa: E402
-from eyrie.extract.job import batches as batched  # noqa: E402
-from eyrie.extract.job import groups_to_do  # noqa: E402
-from eyrie.extract.shard import ExtractJob, ShardTask, capture_for  # noqa: E402
-from eyrie.extract.tokens import tokenize  # noqa: E402
-from eyrie.extract.writing import use_writer_process, writing_for  # noqa: E402
-from eyrie.store.codecs import shard_tokens_for  # noqa: E402
-from eyrie.store.slabs import SlabPool  # noqa: E402
-from eyrie.target.load import load_target, resolve_device  # noqa: E402
-
-
-def machine(device: str) -> str:
-    """One line from eyrie.common.provenance.machine(), plus the host and platform."""
-    m = provenance_machine()
-    gpu = m["gpu"] if device == "cuda" else "none"
-    return (
-        f"{platform.node()} | {platform.platform()} | CPU {m['cpu']}, {m['cpu_cores']} cores, "
-        f"torch threads {m['torch_threads']} | GPU {gpu} | torch {m['torch']}"
-    )
+from eyrie.data.split import read_split
+from eyrie.extract.graphs import GraphForward, attention_mask_4d
+from eyrie.extract.hf import padded_batch
+from eyrie.extract.job import batches as batched
+from eyrie.extract.job import groups_to_do
+from eyrie.extract.shard import ExtractJob, ShardTask, capture_for
+from eyrie.extract.tokens import tokenize
+from eyrie.extract.writing import use_writer_process, writing_for
+from eyrie.store.codecs import shard_tokens_for
+from eyrie.store.slabs import SlabPool
+from eyrie.target.load import load_target, resolve_device
 
 
 def target_dir(arg: str | None, tmp: Path) -> Path:
@@ -112,19 +97,6 @@ def extraction_batches(good, commit_every: int, batch_size: int) -> list[list]:
         for group in groups_to_do(good, commit_every, set(), set())
         for batch in batched(group, batch_size)
     ]
-
-
-def padded_batch(seqs, pad_id: int, rows: int | None = None, width: int | None = None):
-    """(token ids, mask) of `seqs` right-padded to `width` tokens (default: the longest) and
-    `rows` rows (default: one per sequence), as extraction pads its batches."""
-    rows = len(seqs) if rows is None else rows
-    width = max(map(len, seqs)) if width is None else width
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
-        mask[r, : len(s)] = 1
-    return ids, mask
 
 
 def bare_forward(
@@ -471,29 +443,23 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
         pinned_pairs = [(s["total"] - s["setup"]) / s["bare_pinned"] for s in rs]
         print(
             "  each repeat against the forward without lm_head run beside it (its pair): "
-            + ", ".join(f"{p:.3f}x" for p in paired)
-            + f" (median {med(paired):.3f}x)"
+            + each_and_median(paired)
         )
         print(
             "  each repeat against its pair with pinned inputs: "
-            + ", ".join(f"{p:.3f}x" for p in pinned_pairs)
-            + f" (median {med(pinned_pairs):.3f}x; goal <= 1.10x: "
-            + f"{'met' if med(pinned_pairs) <= 1.10 else 'NOT met'})"
+            + each_and_median(pinned_pairs, goal=1.10)
         )
         pairs_4d = [(s["total"] - s["setup"]) / s["bare_4d"] for s in rs]
         print(
             "  each repeat against its pair with pinned inputs and the 4-D mask: "
-            + ", ".join(f"{p:.3f}x" for p in pairs_4d)
-            + f" (median {med(pairs_4d):.3f}x; goal <= 1.10x: "
-            + f"{'met' if med(pairs_4d) <= 1.10 else 'NOT met'})"
+            + each_and_median(pairs_4d, goal=1.10)
         )
         if "slabs" in rs[0]:  # in the setup, outside the ratios above: with it counted
             with_slabs = [(s["total"] - s["setup"] + s["slabs"]) / s["bare_base"] for s in rs]
             print(
                 f"  the writer's slabs made and registered in the setup: "
                 f"{med(s['slabs'] for s in rs):.3f} s; counted, each repeat against its pair: "
-                + ", ".join(f"{p:.3f}x" for p in with_slabs)
-                + f" (median {med(with_slabs):.3f}x)"
+                + each_and_median(with_slabs)
             )
         if bare_graph:
             graph_pairs = [(s["total"] - s["setup"]) / s["bare_graph"] for s in rs]
@@ -576,7 +542,7 @@ def main(argv=None) -> int:
         type=int,
         nargs="+",
         default=[1, 0],
-        help="extract's writer_queue values to run (0: inline writes, as before)",
+        help="extract's writer_queue values to run (0: inline writes on the forward's thread)",
     )
     ap.add_argument(
         "--shard-tokens",

@@ -32,21 +32,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_extract as bench
 import numpy as np
 import torch
+from bench_capture import capture_loop, sync
+from common import machine
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
-
-import bench_extract as bench  # noqa: E402
-from bench_capture import capture_loop, sync  # noqa: E402
-
-from eyrie.data.split import read_split  # noqa: E402
-from eyrie.extract.graphs import bucket_of  # noqa: E402
-from eyrie.extract.hf import HFCapture  # noqa: E402
-from eyrie.extract.tokens import tokenize  # noqa: E402
-from eyrie.target.layers import resolve_aux_layer_ids  # noqa: E402
-from eyrie.target.load import load_target, resolve_device  # noqa: E402
+from eyrie.data.split import read_split
+from eyrie.extract.graphs import bucket_of
+from eyrie.extract.hf import HFCapture
+from eyrie.extract.tokens import tokenize
+from eyrie.target.layers import resolve_aux_layer_ids
+from eyrie.target.load import load_target, resolve_device
 
 
 def graph_capture_loop(cap: HFCapture, batches) -> float:
@@ -95,7 +92,7 @@ def main(argv=None) -> int:
     ap = bench.workload_args(__doc__.splitlines()[0], samples=1536)
     ap.add_argument("--bucket", type=int, default=64, help="tokens a batch is padded up to")
     args = ap.parse_args(argv)
-    print(f"machine:  {bench.machine(resolve_device(args.device).type)}")
+    print(f"machine:  {machine(resolve_device(args.device).type)}")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         target = load_target(bench.target_dir(args.target, tmp), device=args.device)

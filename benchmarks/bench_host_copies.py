@@ -30,12 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from bench_extract import machine  # noqa: E402
+from common import machine
 
 
 class Registered:

@@ -36,21 +36,18 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
-
-from bench_extract import (  # noqa: E402
+from bench_extract import (
     bare_forward,
     extraction_batches,
-    machine,
     split_file,
     target_dir,
     workload_args,
 )
+from common import ROOT, each_and_median, machine
 
-from eyrie.data.split import read_split  # noqa: E402
-from eyrie.extract.tokens import tokenize  # noqa: E402
-from eyrie.target.load import load_target, resolve_device  # noqa: E402
+from eyrie.data.split import read_split
+from eyrie.extract.tokens import tokenize
+from eyrie.target.load import load_target, resolve_device
 
 LOOPS = {
     "spin": "x = 0\nwhile True: x += 1",
@@ -141,8 +138,7 @@ def main(argv=None) -> int:
             print(
                 f"{kind:6s} x{len(cpus):<2d} on {cpus[0]}-{cpus[-1]}: forward alone "
                 f"{statistics.median(alone):.3f} s; with them / alone, each pair: "
-                + " ".join(f"{r:.2f}" for r in ratios)
-                + f" (median {statistics.median(ratios):.3f}x)",
+                + each_and_median(ratios),
                 flush=True,
             )
 

@@ -18,27 +18,19 @@ The stores are --stores (real ones), or synthetic activation-like ones written h
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from bench_train import SIZES, bench
+from common import host_line, versions_line
+from synthetic_data import synthetic_activations
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))  # synthetic_data
-
-from bench_train import SIZES, bench  # noqa: E402
-from synthetic_data import synthetic_activations  # noqa: E402
-
-from eyrie.store.shard import ShardDataset, ShardReader, ShardWriter  # noqa: E402
-from eyrie.train.data import Pad  # noqa: E402
+from eyrie.store.shard import ShardDataset, ShardReader, ShardWriter
+from eyrie.train.data import Pad
 
 
 def write_stores(folder: Path, hidden: int, samples: int, tokens: int, seed: int) -> list[Path]:
@@ -131,10 +123,8 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "none"
-    print(f"machine: {platform.platform()} | {os.cpu_count()} cpus | GPU {gpu} | load {load}")
-    print(f"python {sys.version.split()[0]} | torch {torch.__version__}")
+    print(host_line(torch.cuda.get_device_name() if device.type == "cuda" else "none"))
+    print(versions_line())
     src = "given stores" if args.stores else f"synthetic stores written in {made_s:.0f} s"
     print(
         f"data: {len(lengths)} samples, mean {lengths.mean():.0f} tokens ({src}), H={hidden}, "

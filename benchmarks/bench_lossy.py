@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -27,11 +24,9 @@ from pathlib import Path
 
 import torch
 import yaml
+from common import ROOT, host_line, versions_line
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from eyrie.store.shard import ShardReader, ShardWriter, bf16_bits  # noqa: E402
+from eyrie.store.shard import ShardReader, ShardWriter, bf16_bits
 
 
 def rewrite(src: Path, dst: Path, precision: str) -> Path:
@@ -140,9 +135,8 @@ def main(argv=None) -> int:
     with ProcessPoolExecutor(args.parallel) as pool:
         results = dict(zip(stores, pool.map(train_one, jobs), strict=True))
 
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"machine: {platform.platform()} | {os.cpu_count()} cpus | load average {load}")
-    print(f"python {sys.version.split()[0]} | torch {torch.__version__}")
+    print(host_line())
+    print(versions_line())
     first = sizes(stores["lossless"])
     print(
         f"train stores: {len(args.train_stores)}, {first['tokens']} tokens, raw bf16 "

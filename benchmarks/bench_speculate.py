@@ -26,16 +26,14 @@ import sys
 from pathlib import Path
 
 import torch
+from common import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from eyrie.common.device import pick_device  # noqa: E402
-from eyrie.common.provenance import machine  # noqa: E402
-from eyrie.evaluate.compare import compare  # noqa: E402
-from eyrie.evaluate.draft_runner import DraftRunner  # noqa: E402
-from eyrie.evaluate.loading import DTYPES, eos_ids, load_pair, load_prompts  # noqa: E402
-from eyrie.evaluate.target_runner import Target  # noqa: E402
+from eyrie.common.device import pick_device
+from eyrie.common.provenance import machine
+from eyrie.evaluate.compare import compare
+from eyrie.evaluate.draft_runner import DraftRunner
+from eyrie.evaluate.loading import DTYPES, eos_ids, load_pair, load_prompts
+from eyrie.evaluate.target_runner import Target
 
 
 def untrained_pair(target_dir: Path, device, dtype: str, aux: list[int]):

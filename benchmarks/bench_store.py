@@ -11,10 +11,7 @@ speed; on a real disk the smaller store also reads fewer bytes.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,11 +21,10 @@ import numpy as np
 import pandas as pd
 import torch
 import zarr
+from common import host_line, versions_line
+from synthetic_data import synthetic_activations
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from synthetic_data import synthetic_activations  # noqa: E402
-
-from eyrie.store.shard import ShardDataset, ShardReader, ShardWriter  # noqa: E402
+from eyrie.store.shard import ShardDataset, ShardReader, ShardWriter
 
 
 class PtFiles(torch.utils.data.Dataset):
@@ -188,12 +184,8 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"machine: {platform.platform()} | {os.cpu_count()} cpus | load average {load}")
-    print(
-        f"python {sys.version.split()[0]} | torch {torch.__version__} | zarr {zarr.__version__}"
-        f" | numcodecs {numcodecs.__version__}"
-    )
+    print(host_line())
+    print(versions_line(zarr=zarr.__version__, numcodecs=numcodecs.__version__))
     print(
         f"data: H={args.hidden} k={args.k} samples={args.samples} tokens/sample={args.tokens}"
         f" ({n_tok} tokens, {raw_mb:.0f} MB raw bf16; generated in {gen_s:.1f} s)"

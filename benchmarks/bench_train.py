@@ -17,11 +17,10 @@ draft vocab 1024 of 4096); "realistic" is a Llama-3-8B-sized drafter (H 4096, 32
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 
 import torch
+from common import host_line, machine
 
 from eyrie.train.loss import forward_batch, step_counts, weighted_loss
 from eyrie.train.model import Drafter, DrafterConfig, TargetHead
@@ -48,26 +47,6 @@ SIZES = {
 }
 # dense bf16 tensor-core peaks (datasheet, no sparsity), FLOP/s
 GPU_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    lines = [
-        f"python {platform.python_version()}, torch {torch.__version__}",
-        f"cpu: {cpu}; {os.cpu_count()} logical cores; torch threads {torch.get_num_threads()}",
-    ]
-    if torch.cuda.is_available():
-        lines.append(f"gpu: {torch.cuda.get_device_name()}")
-    try:
-        lines.append(f"load average: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    except OSError:
-        pass
-    return "\n".join(lines)
 
 
 def flops_per_token(c: DrafterConfig, T: int, K: int) -> float:
@@ -174,7 +153,8 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(machine())
+    print(machine("cuda" if torch.cuda.is_available() else "cpu"))
+    print(host_line())
     cpu = torch.device("cpu")
     peak = matmul_peak(cpu, torch.float32, 1024, 10)
     print(f"baseline: fp32 1024^3 matmul on CPU, measured now: {peak / 1e9:.1f} GFLOP/s")

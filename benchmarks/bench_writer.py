@@ -28,20 +28,18 @@ import hashlib
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import common  # noqa: F401 (puts the repository and tests/ on sys.path)
 import numpy as np
+from synthetic_data import synthetic_activations
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from synthetic_data import synthetic_activations  # noqa: E402
-
-from eyrie.common.provenance import machine  # noqa: E402
-from eyrie.store.format import all_finite_bits, bf16_bits  # noqa: E402
-from eyrie.store.parallel import cores  # noqa: E402
-from eyrie.store.writer import SHARD_ENCODER, SHARD_ENCODERS, ShardWriter  # noqa: E402
+from eyrie.common.provenance import machine
+from eyrie.store.format import all_finite_bits, bf16_bits
+from eyrie.store.parallel import cores
+from eyrie.store.writer import SHARD_ENCODER, SHARD_ENCODERS, ShardWriter
 
 K = 3  # aux layers, as EAGLE-3 captures
 

@@ -20,14 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-
-
-def default_target() -> str:
-    """The shipped config's target (validated by the project's loader): what a default run's
-    stores were made from."""
-    from eyrie.common.config import load
-
-    return load(Path(__file__).resolve().parents[1] / "config.yaml")["target"]["path"]
+from common import default_target
 
 
 def main() -> None:

@@ -5,14 +5,13 @@
 #
 #   benchmarks/gpu_ddp_train.sh [RESULTS_DIR]        (results land in $OUT when it is set)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/gpu_common.sh"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 R=${1:-/tmp/eyrie-ddp}
 OUT=${OUT:-benchmarks/out/gpu-ddp}
 mkdir -p "$OUT"
 date -u +%Y-%m-%dT%H:%M:%SZ
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+gpu_machine torch
 for n in 1 2; do
   # Training resumes from its last checkpoint whatever the number of processes (the global
   # batches do not depend on it), so each run starts from a clean train folder.

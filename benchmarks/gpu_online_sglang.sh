@@ -39,16 +39,13 @@ SGLANG_TIMEOUT=${SGLANG_TIMEOUT:-420}
 OUT=${OUT:-benchmarks/out/gpu}
 DATA=${DATA:-data/chat/heldout.jsonl}
 
-cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/gpu_common.sh"
 mkdir -p "$OUT"
 
 for path in "$TARGET/config.json" "$DATA"; do
   [[ -f $path ]] || { echo "missing $path" >&2; exit 2; }
 done
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python3 -c 'import torch, transformers; print("torch", torch.__version__, "| transformers",
-  transformers.__version__, "| cuda", torch.cuda.is_available())'
+gpu_machine torch transformers
 
 status=0
 if [[ $MODE == both || $MODE == hf ]]; then

@@ -22,16 +22,14 @@
 # capture-overhead-NAME.{json,txt} and one tarball (server logs, py-spy stacks, bundle, shape)
 # to OUT.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/gpu_common.sh"
 PART=${PART:-chat}
 PAIRED=${PAIRED-1}
 CONCURRENCY=${CONCURRENCY:-8 32}
 OUT=${OUT:-benchmarks/out/gpu}
 WORK=${WORK:-benchmarks/out/gpu-capture-overhead}
 mkdir -p "$OUT" "$WORK"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python3 -c 'import sglang, torch; print("sglang", sglang.__version__, "| torch", torch.__version__)'
+gpu_machine sglang torch
 df -h "${DUMP_ROOT:-/dev/shm}" || true  # the dump folder's file system
 status=0
 run() {  # run NAME ARGS...: one unpatched and one patched server

@@ -11,15 +11,13 @@
 # PART=toy|8b|both (both); EXPORT=results/export/sglang; OUT=benchmarks/out/gpu; the servers'
 # logs go to one tarball in OUT.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/gpu_common.sh"
 PART=${PART:-both}
 EXPORT=${EXPORT:-results/export/sglang}
 OUT=${OUT:-benchmarks/out/gpu}
 LOGS=${LOGS:-benchmarks/out/gpu-grid-logs}
 mkdir -p "$OUT" "$LOGS"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python3 -c 'import sglang, torch; print("sglang", sglang.__version__, "| torch", torch.__version__)'
+gpu_machine sglang torch
 status=0
 if [[ $PART == toy || $PART == both ]]; then
   python3 benchmarks/sglang_grid.py --target models/toy-llama-deep --draft "$EXPORT" \

@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 from pathlib import Path
 
 import torch
 import transformers
+from common import host_line, versions_line
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eyrie.target.toy.llama import encode_split, evaluate, unigram_baseline
@@ -36,11 +36,8 @@ def main() -> None:
     held = encode_split(tok, data / "heldout.jsonl")
     loss, acc = evaluate(model, held, seq_len=512)
     uni_loss, uni_acc = unigram_baseline(train, held, len(tok))
-    print(
-        f"machine: {platform.machine()} {platform.processor() or ''} cpus={torch.get_num_threads()}"
-        f" python {platform.python_version()} torch {torch.__version__}"
-        f" transformers {transformers.__version__}"
-    )
+    print(host_line(), f"| torch threads {torch.get_num_threads()}")
+    print(versions_line(transformers=transformers.__version__))
     print(f"held-out tokens: {len(held):,} (train {len(train):,})")
     print("| model | perplexity | top-1 accuracy |\n|---|---|---|")
     print(f"| toy-llama | {math.exp(loss):.2f} | {acc:.1%} |")

@@ -90,7 +90,7 @@ rule evaluate_speculate:
         architecture=config["target"]["architecture"],
         evaluate=EVAL,
     # Batch-1 decoding of small matrices: one thread is as fast on a free CPU and far steadier
-    # on a busy one (spinning threads cost a multi-token verify pass up to 10x).
+    # on a busy one (spinning threads slow a multi-token verify pass many times over).
     threads: 1
     resources:
         gpu=int(EVAL["device"] != "cpu"),

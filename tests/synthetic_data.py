@@ -1,7 +1,7 @@
 """Synthetic hidden-state-like activations for the store tests and the benchmarks.
 
 Not part of the package: tests import it from tests/ (pytest puts that folder on the path),
-benchmarks put tests/ on sys.path first (see benchmarks/bench_store.py).
+benchmarks put tests/ on sys.path first (see benchmarks/common.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from eyrie.common.errors import EyrieError
 
-TYPICAL_RATIO = 1.4  # lossless ratio of the store's codecs on bf16 hidden states (measured ~1.44)
+TYPICAL_RATIO = 1.4  # lossless ratio of the store's codecs on bf16 hidden states (RESULTS.md)
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # How libraries that do not raise OSError report a full disk: the C library's strerror (Rust's
 # io::Error in safetensors, h5py, ...) and torch.save's stream writer, which drops the errno.

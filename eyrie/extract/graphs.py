@@ -1,9 +1,9 @@
 """The capture's forward pass as CUDA graphs: one graph per bucket of lengths, replayed.
 
 Why: a small or shallow target's forward is bound by the one Python thread that launches its
-kernels, not by the GPU. On the H200 the toy's eager forward over 1,536 chat samples took
-1.3-1.9 s, and the same forward replayed as graphs 0.198 s, every repeat within 1 %
-(benchmarks/RESULTS.md, "CUDA graphs"): the host's drift was all in the launches. A graph
+kernels, not by the GPU. On the H200 the toy's forward replayed as graphs took a fraction of
+the eager forward's time, and steadily (benchmarks/RESULTS.md, "The capture's forward as CUDA
+graphs"): the host's drift was all in the launches. A graph
 replays a whole forward, the aux states' stacking and the finite flags included, as one launch.
 
 Graphs need fixed shapes. Each batch is right-padded to a multiple of `bucket_tokens` tokens and
@@ -28,9 +28,9 @@ from eyrie.common.errors import EyrieError
 log = logging.getLogger("eyrie.extract.graphs")
 
 GRAPH_ATTENTION = ("sdpa", "eager")  # implementations that take a 4-D mask as it is
-# capture.cuda_graphs auto: only targets this small are launch-bound. On the H200 graphs made
-# the toy's extraction (7.7 M parameters) 1.58x faster, and at Llama-3.1-8B's shape (7.0 B)
-# 1.17x slower: its forward keeps the GPU busy anyway, and the buckets' padding is more work.
+# capture.cuda_graphs auto: only targets this small are launch-bound, so only they gain from
+# graphs; a larger forward keeps the GPU busy anyway, and the buckets' padding is more work
+# (benchmarks/RESULTS.md, "The capture's forward as CUDA graphs").
 GRAPHS_AUTO_MAX_PARAMS = 1_000_000_000
 
 

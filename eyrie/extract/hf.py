@@ -282,8 +282,8 @@ class HFCapture:
             ]
             flags = torch.empty(finite.shape, dtype=torch.bool, pin_memory=True)
             # The copies run on a stream of their own, so the next batch's forward overlaps
-            # them (on the forward's stream they cost ~6 ms a batch at hidden 4096); the
-            # allocator keeps the GPU tensors until the copy stream is done with them.
+            # them instead of waiting for them; the allocator keeps the GPU tensors until the
+            # copy stream is done with them.
             if self._copy_stream is None:
                 self._copy_stream = torch.cuda.Stream(device=device)
             copies = self._copy_stream

@@ -2,12 +2,12 @@
 
 The extract loop hands each captured commit group to `BackgroundWriter.submit` and goes on with
 the next group's forward passes while the thread appends, compresses, writes and commits the
-previous one. What stays as before:
+previous one. The thread keeps what writing on the caller's thread guarantees:
 
 - Order: jobs run one at a time, in submission order, on one thread, so commits happen in the
-  order of the groups and each commit still follows the writes it covers (ShardWriter.commit
-  writes and fsyncs the data, then replaces the commit record). A SIGKILL at any instant leaves
-  the store at its last commit, as without the thread.
+  order of the groups and each commit follows the writes it covers (ShardWriter.commit writes
+  and fsyncs the data, then replaces the commit record). A SIGKILL at any instant leaves the
+  store at its last commit.
 - Errors: an exception in a job is kept and raised in the caller's thread at its next submit,
   wait or close (the original exception, so ``except StoreError`` still works). Jobs submitted
   after a failed one are skipped: nothing is committed after a failure.

@@ -13,12 +13,11 @@ Two things live here, apart from the writer and reader (eyrie/store/writer.py, r
   Why: a bf16 value's high byte (sign, 7 exponent bits) is very repetitive, its low byte (the
   exponent's last bit, 7 mantissa bits) close to random. In a small chunk one zstd stream
   codes both planes of Blosc's shuffled block, so its entropy coding (a Huffman table per
-  128 KiB zstd block) fits a mix of the two; separate streams are 5-12 % smaller (0.687x /
-  0.663x of raw bf16 on the toys' activations, against 0.724x / 0.751x), decoding as fast. In
-  chunks of 768 KiB and more each plane of a Blosc block fills whole zstd blocks anyway: the
-  two layouts are within 0.5 %, and the planes decode at about two thirds of the speed
-  (unshuffled in a pass of their own, not in Blosc's cache). ``benchmarks/bench_codecs.py``
-  measures both (benchmarks/RESULTS.md). ``input_ids`` and ``loss_mask`` (5 bytes a token)
+  128 KiB zstd block) fits a mix of the two; separate streams are smaller, decoding as fast.
+  In large chunks each plane of a Blosc block fills whole zstd blocks anyway: the two layouts
+  are about as small, and the planes decode slower (unshuffled in a pass of their own, not in
+  Blosc's cache). ``benchmarks/bench_codecs.py`` measures both (the figures:
+  docs/store-format.md, benchmarks/RESULTS.md). ``input_ids`` and ``loss_mask`` (5 bytes a token)
   keep ``blosc_compressors``: core Zarr v3 codecs only, so any Zarr v3 reader gets the
   tokens. Every codec is recorded in each array's ``zarr.json``, so a reader never needs to
   know which Eyrie wrote a store; all are core Zarr v3 codecs (or registered extensions)
@@ -144,10 +143,10 @@ def cosine_bar(min_cosine: float, keep: int | None) -> float:
 def hidden_compressors(chunk_bytes: int) -> list:
     """The bf16 arrays' compressors for inner chunks of `chunk_bytes` raw bytes.
 
-    The two byte planes (``plane_compressors``) below ``PLANES_BELOW``, where they are 5-12 %
-    smaller than Blosc's own byte shuffle at the same decode speed; Blosc's byte shuffle
-    (``blosc_compressors(2)``) from it, where the two are within 0.5 % and the planes would
-    cost a third of the decode speed (benchmarks/RESULTS.md, "The new lossless default").
+    The two byte planes (``plane_compressors``) below ``PLANES_BELOW``, where they are smaller
+    than Blosc's own byte shuffle at the same decode speed; Blosc's byte shuffle
+    (``blosc_compressors(2)``) from it, where the two are about as small and the planes would
+    decode slower (docs/store-format.md; benchmarks/RESULTS.md, "The new lossless default").
     """
     if stored_as_planes(chunk_bytes):
         return plane_compressors(chunk_bytes)
@@ -222,7 +221,7 @@ def byte_planes(values: np.ndarray, elementsize: int = PLANE_BYTES) -> np.ndarra
 def from_byte_planes(planes, dtype, shape, elementsize: int = PLANE_BYTES) -> np.ndarray:
     """The inverse of ``byte_planes``: a new C-contiguous array of `dtype` and `shape`.
 
-    One copy a plane into its byte of every item (a transposed copy is 6x slower here).
+    One copy a plane into its byte of every item (a transposed copy is several times slower).
     """
     raw = np.frombuffer(planes, dtype=np.uint8)
     if raw.size % elementsize:
@@ -245,8 +244,9 @@ def shard_tokens_for(setting, chunk_tokens: int, hidden: int, k: int) -> int:
     group is written several times over. ``auto`` keeps aux_hidden's shard file near 64 MiB
     raw: the largest chunk_tokens x 2^n at most 4096 tokens within that size (4096 at the toys'
     widths, 2048 at hidden 4096 with 3 aux layers, 1024 at 7168), and one chunk at least. The
-    4096 cap: at 16384 the toys' commit groups (about 7,500 tokens) wrote 2.0x the store's
-    bytes (4096: 1.26x), and the writer was the limit of extraction on the H200.
+    4096 cap: larger shard files made the toys' commit groups (about 7,500 tokens) write about
+    twice the store's bytes, where the writer was the limit of extraction on the H200
+    (benchmarks/RESULTS.md).
     """
     if setting != "auto":
         return int(setting)

@@ -12,8 +12,8 @@ pieces written at once cannot touch each other's bytes, and a file's content dep
 the values it holds, never on how the writes were split (the stored bytes stay identical).
 Each of ``writer_threads`` threads runs its pieces on an event loop of its own (Zarr's async
 API), so the event-loop work runs on all of them; their Blosc and file writes share one pool
-as large as Zarr's own (cores + 4, at most 32). 1 is the single-threaded path as it always
-was (one write per array, in order, on Zarr's own loop).
+as large as Zarr's own (cores + 4, at most 32). 1 is the single-threaded path: one write per
+array, in order, on Zarr's own loop.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def resolve_threads(setting: int | str | None) -> int:
     if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
         raise WriterThreadsError(
             f"extract.writer_threads {setting!r}: use 'auto' or a whole number >= 1 "
-            "(1 writes on one thread, as before)"
+            "(1: every array written on one thread)"
         )
     return setting
 

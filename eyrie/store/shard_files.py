@@ -1,8 +1,8 @@
 """The token arrays' shard files, encoded here byte for byte as zarr 3.1 writes them.
 
 Why not ``arr[lo:hi] = values``: most of a commit's time in zarr is not Blosc but its
-per-chunk machinery (about 0.4 ms of asyncio and Python per inner chunk, holding the GIL
-against the extraction's forward thread; a fill buffer and a copy per chunk, a copy for each
+per-chunk machinery (asyncio and Python for every inner chunk, holding the GIL against the
+extraction's forward thread; a fill buffer and a copy per chunk, a copy for each
 crc32c, the shard's concatenation), and a commit that ends inside a shard file makes the next
 one read that file back and rewrite it whole. Here each inner chunk is one Blosc call on a
 view of the caller's values, or on one numpy copy of them into byte planes (Blosc and the

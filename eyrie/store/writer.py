@@ -447,7 +447,7 @@ class ShardWriter:
         """Write buffered field j of the samples over tokens [lo, hi) (one job of a commit).
 
         Only this span is gathered into one array, so memory stays bounded by the pieces
-        running at once (one array of the commit group on one thread, as before).
+        running at once, not by the commit group.
         """
         if self._shard_files is not None:  # one shard file, chunk by chunk, fsynced already
             gather = partial(self._gather, j, t0=t0, starts=starts)

@@ -133,7 +133,8 @@ class PassWriter:
     """`threads` daemon threads that write the queued passes; `depth` passes wait at most.
     Each pass's files are independent of the others' (a chunk is named by its rid and prefix),
     so they need no order; two threads keep a tmpfs's page allocation off the critical path
-    at Llama-3.1-8B's width (one wrote about 1.1 GB/s on the H200's host).
+    at Llama-3.1-8B's width (one thread's rate: benchmarks/RESULTS.md, "Figures behind code
+    comments").
 
     `on_idle()` runs on the thread once it has had nothing to write for `idle_s` after a write
     (the dumper refreshes its status file there, so the counters are current once work stops).

@@ -263,3 +263,19 @@ def test_the_reference_has_no_empty_allowed_cell():
     rows = [line.split(" | ") for line in reference().splitlines()[2:]]
     empty = [row[0] for row in rows if not row[3].strip()]
     assert not empty, f"keys without allowed values: {empty}"
+
+
+def test_evaluate_settings_are_the_checked_configs_typed_once():
+    from dataclasses import asdict
+
+    from eyrie.evaluate.settings import evaluate_settings
+
+    minimal = {"target": {"path": "m"}, "dataset": {"train": "a", "heldout": "b"}}
+    filled = check(minimal)["evaluate"]
+    assert asdict(evaluate_settings(None)) == filled  # the schema's defaults, every key typed
+    assert asdict(evaluate_settings(filled)) == filled
+    partial = evaluate_settings({"sglang": {"prompts": 3}, "topk": 2})
+    assert partial.topk == 2 and partial.sglang.prompts == partial.served_prompts == 3
+    assert partial.sglang.launch_timeout_s == filled["sglang"]["launch_timeout_s"]
+    with pytest.raises(ConfigError, match=r"evaluate.sglang: unknown key\(s\) \['promts'\]"):
+        evaluate_settings({"sglang": {"promts": 3}})

@@ -24,10 +24,10 @@ def add_arguments(parser) -> None:
 def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
     from eyrie.common.atomic import write_json
     from eyrie.target.load import configured_dir
+    from eyrie.validate.settings import validate_settings
     from eyrie.validate.shard import validate_shard
 
     layout = Layout.of(cfg)
-    v = cfg["validate"]
     report = validate_shard(
         store=layout.store(split, shard),
         errors_csv=layout.errors(split, shard),
@@ -40,9 +40,7 @@ def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
         max_tokens=cfg["dataset"]["max_tokens"],
         aux_layer_ids=cfg["capture"]["aux_layer_ids"],
         device=cfg["capture"]["device"],
-        spot_check_samples=v["spot_check_samples"],
-        min_cosine=v["min_cosine"],
-        min_greedy_match=v["min_greedy_match"],
+        settings=validate_settings(cfg["validate"]),
     )
     out = layout.validate_dir() / split / f"{shard_name(shard)}.json"
     write_json(out, report, default=str)

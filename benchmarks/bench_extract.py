@@ -57,6 +57,7 @@ from eyrie.extract.graphs import GraphForward, attention_mask_4d
 from eyrie.extract.hf import padded_batch
 from eyrie.extract.job import batches as batched
 from eyrie.extract.job import groups_to_do
+from eyrie.extract.settings import extract_settings
 from eyrie.extract.shard import ExtractJob, ShardTask, capture_for
 from eyrie.extract.tokens import tokenize
 from eyrie.extract.writing import use_writer_process, writing_for
@@ -333,7 +334,7 @@ def measure(target_path: Path, data: Path, tmp: Path, args, label: str) -> dict:
             setting, child = dry_child(wp)
             extract = {"shards": 1, "chunk_tokens": 256, "shard_tokens": st}
             extract.update(writer_threads=wt, writer_process=setting, pin_forward=pf)
-            writing = writing_for(extract, q, target.device.type, "hf")
+            writing = writing_for(extract_settings(extract), q, target.device.type, "hf")
             writing = replace(writing, encoder=enc, child=child, slabs=slabs)
             out_dir = tmp / f"{label}-{name_of(*variant)}-run{r}"
             irq_before = interrupts() if args.interrupts else None

@@ -5,11 +5,11 @@ from eyrie.common.adapter import rule_log
 from eyrie.common.atomic import write_json
 from eyrie.common.errors import known_errors
 from eyrie.evaluate.online import not_run
+from eyrie.evaluate.settings import evaluate_settings
 from eyrie.evaluate.stage import run_online
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
-ev = sm.params.evaluate
 with rule_log(sm, threads=False):
     try:
         if sm.params.backend == "sglang" and not sm.params.draft:
@@ -21,17 +21,9 @@ with rule_log(sm, threads=False):
                 target_dir=sm.params.target,
                 draft_dir=sm.params.draft,
                 prompts_jsonl=sm.input.prompts,
-                prompts=ev["sglang"]["prompts"] or ev["prompts"],
-                max_new_tokens=ev["max_new_tokens"],
-                draft_tokens=ev["draft_tokens"],
-                topk=ev["topk"],
-                verify_tokens=ev["verify_tokens"],
-                settings=ev["sglang"]["settings"],
+                settings=evaluate_settings(sm.params.evaluate),
                 out_json=sm.output.json,
                 log_dir=sm.params.log_dir,
-                launch_timeout=ev["sglang"]["launch_timeout_s"],
-                server_args=ev["sglang"]["server_args"],
-                cuda_graph=ev["sglang"]["cuda_graph"],
                 if_possible=True,
             )
         print(rec.get("reason") or f"speedup {rec['speedup']:.2f}, accept {rec['accept_length']}")

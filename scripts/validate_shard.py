@@ -2,11 +2,11 @@
 
 from eyrie.common.adapter import rule_log
 from eyrie.common.atomic import write_json
+from eyrie.validate.settings import validate_settings
 from eyrie.validate.shard import validate_shard
 
 sm = snakemake  # noqa: F821 - injected by Snakemake's script directive
 
-v = sm.params.validate
 with rule_log(sm):
     report = validate_shard(
         store=sm.input.store,
@@ -20,9 +20,7 @@ with rule_log(sm):
         max_tokens=sm.params.max_tokens,
         aux_layer_ids=sm.params.capture["aux_layer_ids"],
         device=sm.params.capture["device"],
-        spot_check_samples=v["spot_check_samples"],
-        min_cosine=v["min_cosine"],
-        min_greedy_match=v["min_greedy_match"],
+        settings=validate_settings(sm.params.validate),
         progress=True,  # a line in the job's log every few seconds
     )
     write_json(sm.output.report, report, default=str)

@@ -263,3 +263,38 @@ def test_the_reference_has_no_empty_allowed_cell():
     rows = [line.split(" | ") for line in reference().splitlines()[2:]]
     empty = [row[0] for row in rows if not row[3].strip()]
     assert not empty, f"keys without allowed values: {empty}"
+
+
+def test_evaluate_settings_are_the_checked_configs_typed_once():
+    from dataclasses import asdict
+
+    from eyrie.evaluate.settings import evaluate_settings
+
+    minimal = {"target": {"path": "m"}, "dataset": {"train": "a", "heldout": "b"}}
+    filled = check(minimal)["evaluate"]
+    assert asdict(evaluate_settings(None)) == filled  # the schema's defaults, every key typed
+    assert asdict(evaluate_settings(filled)) == filled
+    partial = evaluate_settings({"sglang": {"prompts": 3}, "topk": 2})
+    assert partial.topk == 2 and partial.sglang.prompts == partial.served_prompts == 3
+    assert partial.sglang.launch_timeout_s == filled["sglang"]["launch_timeout_s"]
+    with pytest.raises(ConfigError, match=r"evaluate.sglang: unknown key\(s\) \['promts'\]"):
+        evaluate_settings({"sglang": {"promts": 3}})
+
+
+def test_every_stages_settings_hold_its_sections_keys_with_the_schemas_defaults():
+    from dataclasses import asdict
+
+    from eyrie.extract.settings import capture_settings, extract_settings
+    from eyrie.regenerate.settings import regenerate_settings
+    from eyrie.validate.settings import validate_settings
+
+    filled = check({"target": {"path": "m"}, "dataset": {"train": "a", "heldout": "b"}})
+    skipped = {"regenerate": {"enabled"}}  # the workflow's switch, no setting of a run
+    builds = {"capture": capture_settings, "extract": extract_settings,
+              "validate": validate_settings, "regenerate": regenerate_settings}  # fmt: skip
+    for name, build in builds.items():
+        want = {k: v for k, v in filled[name].items() if k not in skipped.get(name, ())}
+        assert asdict(build(None)) == want, name
+        assert asdict(build(filled[name])) == want, name
+    with pytest.raises(ConfigError, match=r"extract: unknown key\(s\) \['chunk'\]"):
+        extract_settings({"chunk": 3})

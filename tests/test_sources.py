@@ -11,6 +11,7 @@ from tiny_target import CORPUS, build_llama, conversation
 
 from eyrie.data.dataset import prepare
 from eyrie.extract.shard import extract_shard
+from eyrie.validate.settings import validate_settings
 from eyrie.validate.shard import validate_shard
 
 MAX_TOKENS = 80  # conversation(1) and (2) fit; "cut" does not
@@ -79,7 +80,7 @@ def test_samples_cut_at_max_tokens_are_counted(run):
         shard=0,
         shards=1,
         max_tokens=MAX_TOKENS,
-        spot_check_samples=0,
+        settings=validate_settings({"spot_check_samples": 0}),
         device="cpu",
     )
     assert report["truncated"] == 1

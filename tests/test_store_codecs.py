@@ -412,6 +412,7 @@ def test_old_layout_store_is_read_validated_and_resumed(tmp_path):
 def test_old_layout_extraction_validates_clean(tmp_path):
     """A shard extracted in the old layout passes this Eyrie's whole validation."""
     from eyrie.extract.shard import extract_shard
+    from eyrie.validate.settings import validate_settings
     from eyrie.validate.shard import validate_shard
 
     target = build_llama(tmp_path / "target", layers=8)
@@ -435,8 +436,7 @@ def test_old_layout_extraction_validates_clean(tmp_path):
         errors_csv=errors,
         shards=1,
         max_tokens=80,
-        spot_check_samples=3,
-        min_greedy_match=0.9,
+        settings=validate_settings({"spot_check_samples": 3, "min_greedy_match": 0.9}),
         device="cpu",
     )
     assert report["samples"] == 8 and len(report["spot_checked"]) == 3

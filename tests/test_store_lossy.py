@@ -22,6 +22,7 @@ from eyrie.store.codecs import (
     stored_mantissa_bits,
 )
 from eyrie.store.shard import ShardReader, ShardWriter, StoreError
+from eyrie.validate.settings import validate_settings
 from eyrie.validate.shard import validate_shard
 
 ALL = np.arange(1 << 16, dtype=np.uint16)  # every bf16 bit pattern
@@ -223,9 +224,8 @@ def _validate(lossy, store, **kw):
         shard=0,
         shards=1,
         max_tokens=80,
-        spot_check_samples=8,
+        settings=validate_settings({"spot_check_samples": 8, "min_greedy_match": 0.5, **kw}),
         device="cpu",
-        **{"min_greedy_match": 0.5, **kw},
     )
 
 

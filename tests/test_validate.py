@@ -15,6 +15,7 @@ from tiny_target import build_llama, write_split
 from eyrie.common.atomic import write_json
 from eyrie.extract.shard import extract_shard
 from eyrie.store.shard import ShardReader, ShardWriter
+from eyrie.validate.settings import validate_settings
 from eyrie.validate.shard import validate_shard
 from eyrie.validate.summary import summarize
 
@@ -53,9 +54,8 @@ def copy_shard(clean, dst: Path, shard: int = 0) -> tuple[Path, Path]:
     return Path(store), Path(errors)
 
 
-def check(clean, store, errors, shard=0, **kw) -> dict:
+def check(clean, store, errors, shard=0, spot_check_samples=3, **kw) -> dict:
     _, target, data = clean
-    kw.setdefault("spot_check_samples", 3)
     return validate_shard(
         store=store,
         errors_csv=errors,
@@ -65,7 +65,9 @@ def check(clean, store, errors, shard=0, **kw) -> dict:
         shard=shard,
         shards=2,
         max_tokens=MAX_TOKENS,
-        min_greedy_match=0.9,
+        settings=validate_settings(
+            {"spot_check_samples": spot_check_samples, "min_greedy_match": 0.9}
+        ),
         device="cpu",
         **kw,
     )

@@ -9,6 +9,7 @@ evaluate_sglang run them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from eyrie.cli.config import stage_config
@@ -48,20 +49,34 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from eyrie.evaluate.settings import evaluate_settings
     from eyrie.evaluate.stage import run_online, run_speculate
     from eyrie.target.load import configured_dir
 
     cfg = stage_config(args)
-    ev, layout = cfg["evaluate"], Layout.of(cfg)
+    ev, layout = evaluate_settings(cfg["evaluate"]), Layout.of(cfg)
+    ev = replace(
+        ev,
+        prompts=args.prompts or ev.prompts,
+        max_new_tokens=args.max_new_tokens or ev.max_new_tokens,
+        draft_tokens=args.draft_tokens or ev.draft_tokens,
+        topk=args.topk or ev.topk,
+        # a chain asked for on the command line verifies k + 1, whatever the config's tree says
+        verify_tokens=args.verify_tokens or (None if args.topk == 1 else ev.verify_tokens),
+        device=args.device or ev.device,
+        dtype=args.dtype or ev.dtype,
+        repeats=args.repeats or ev.repeats,
+        sglang=replace(
+            ev.sglang,
+            prompts=args.prompts or ev.sglang.prompts,
+            # a draft asked for on the command line replaces the config's served settings
+            settings=None if args.draft_tokens or args.topk else ev.sglang.settings,
+        ),
+    )
     common = dict(
         target_dir=args.target or configured_dir(cfg),
         prompts_jsonl=args.prompts_jsonl or layout.dataset("heldout"),
-        prompts=args.prompts or ev["prompts"],
-        max_new_tokens=args.max_new_tokens or ev["max_new_tokens"],
-        draft_tokens=args.draft_tokens or ev["draft_tokens"],
-        topk=args.topk or ev["topk"],
-        # a chain asked for on the command line verifies k + 1, whatever the config's tree says
-        verify_tokens=args.verify_tokens or (None if args.topk == 1 else ev["verify_tokens"]),
+        settings=ev,
     )
     if args.backend == "sglang":
         out = Path(args.out or layout.evaluate_dir() / "online_sglang.json")
@@ -70,22 +85,14 @@ def run(args) -> int:
             draft_dir=args.drafter or layout.export("sglang"),
             out_json=out,
             log_dir=out.parent / "sglang-logs",
-            launch_timeout=ev["sglang"]["launch_timeout_s"],
-            server_args=ev["sglang"]["server_args"],
-            cuda_graph=ev["sglang"]["cuda_graph"],
-            # a draft asked for on the command line replaces the config's served settings
-            settings=None if args.draft_tokens or args.topk else ev["sglang"]["settings"],
-            **{**common, "prompts": args.prompts or ev["sglang"]["prompts"] or ev["prompts"]},
+            **common,
         )
     else:
         out = Path(args.out or layout.evaluate_dir() / "speculate.json")
         rec = run_speculate(
             drafter_dir=args.drafter or layout.drafter(),
-            device=args.device or ev["device"],
-            dtype=args.dtype or ev["dtype"],
             out_json=out,
             architecture=cfg["target"]["architecture"],
-            repeats=args.repeats or ev["repeats"],
             **common,
         )
     spread = ""

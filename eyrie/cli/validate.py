@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eyrie.cli.config import load_for
 from eyrie.common.layout import Layout, shard_name
+
+if TYPE_CHECKING:
+    from eyrie.validate.settings import ValidateSettings
 
 SPLITS = ("train", "heldout")
 
@@ -21,13 +25,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shard", type=int, help="one shard, 0-based (with --split)")
 
 
-def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
+def validate_one(
+    cfg: dict, settings: ValidateSettings, split: str, shard: int
+) -> tuple[Path, dict]:
     from eyrie.common.atomic import write_json
     from eyrie.target.load import configured_dir
     from eyrie.validate.shard import validate_shard
 
     layout = Layout.of(cfg)
-    v = cfg["validate"]
     report = validate_shard(
         store=layout.store(split, shard),
         errors_csv=layout.errors(split, shard),
@@ -40,9 +45,7 @@ def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
         max_tokens=cfg["dataset"]["max_tokens"],
         aux_layer_ids=cfg["capture"]["aux_layer_ids"],
         device=cfg["capture"]["device"],
-        spot_check_samples=v["spot_check_samples"],
-        min_cosine=v["min_cosine"],
-        min_greedy_match=v["min_greedy_match"],
+        settings=settings,
     )
     out = layout.validate_dir() / split / f"{shard_name(shard)}.json"
     write_json(out, report, default=str)
@@ -51,6 +54,7 @@ def validate_one(cfg: dict, split: str, shard: int) -> tuple[Path, dict]:
 
 
 def run(args) -> int:
+    from eyrie.validate.settings import validate_settings
     from eyrie.validate.summary import summarize
 
     cfg = load_for("validate", args.config)
@@ -59,18 +63,19 @@ def run(args) -> int:
     if (args.split is None) != (args.shard is None):
         print("eyrie validate: give both --split and --shard, or neither", file=sys.stderr)
         return 2
+    settings = validate_settings(cfg["validate"])
     if args.split is not None:
         from eyrie.common.rerun import Rerun
         from eyrie.validate.advice import over_limit
 
-        _, report = validate_one(cfg, args.split, args.shard)
-        message = over_limit(report, cfg["validate"]["max_errors"], Rerun.of_config(args.config))
+        _, report = validate_one(cfg, settings, args.split, args.shard)
+        message = over_limit(report, settings.max_errors, Rerun.of_config(args.config))
         if message:
             print(f"eyrie validate: {message}", file=sys.stderr)
             return 1
         return 0
     reports = [
-        validate_one(cfg, split, shard)[0]
+        validate_one(cfg, settings, split, shard)[0]
         for split in SPLITS
         for shard in range(cfg["extract"]["shards"])
     ]
@@ -81,9 +86,9 @@ def run(args) -> int:
         reports,
         out / "summary.csv",
         out / "summary.md",
-        cfg["validate"]["max_errors"],
+        settings.max_errors,
         rerun=Rerun.of_config(args.config),
-        allow_overlap=cfg["dataset"].get("allow_overlap", False),
+        allow_overlap=cfg["dataset"]["allow_overlap"],  # the config is loaded with defaults
     )
     print(message, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

@@ -1,6 +1,7 @@
 """The evaluation stage's steps, as the workflow's rules and the `eyrie` subcommands run them.
 
-Each ``run_*`` takes plain paths and settings, runs one measurement and writes its record:
+Each ``run_*`` takes plain paths and settings (run_speculate and run_online the evaluate
+section typed once, eyrie/evaluate/settings.py), runs one measurement and writes its record:
 
 - run_evaluate: offline acceptance on the held-out stores (eyrie/evaluate/acceptance.py);
 - run_speculate: plain vs speculative greedy decoding in-process, interleaved prompt by prompt
@@ -18,10 +19,14 @@ report.py) call these, so a rule and a subcommand give the same record.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from eyrie.common.atomic import write_json, write_text
 from eyrie.common.device import pick_device
 from eyrie.common.provenance import machine
+
+if TYPE_CHECKING:
+    from eyrie.evaluate.settings import EvaluateSettings
 
 
 def evaluation_steps(steps, ttt_steps) -> int:
@@ -86,41 +91,34 @@ def run_speculate(
     target_dir,
     drafter_dir,
     prompts_jsonl,
-    prompts,
-    max_new_tokens,
-    draft_tokens,
-    device,
-    dtype,
+    settings: EvaluateSettings,
     out_json,
     architecture=None,
-    warmup=1,
-    repeats=3,
-    topk=1,
-    verify_tokens=None,
     progress=False,
 ) -> dict:
     """The transformers loop: plain vs speculative greedy decoding, with the machine; the
-    speed-up is the median of ``repeats`` interleaved passes (eyrie/evaluate/compare.py)."""
+    speed-up is the median of evaluate.repeats interleaved passes (eyrie/evaluate/compare.py)."""
     from eyrie.evaluate import loading
     from eyrie.evaluate.compare import compare
 
-    dev = pick_device(device, "evaluate.device")
+    s = settings
+    draft_tokens, topk, verify_tokens = s.draft_tokens, s.topk, s.verify_tokens
+    dev = pick_device(s.device, "evaluate.device")
     target, runner, tokenizer, meta = loading.load_pair(
-        target_dir, drafter_dir, dev, dtype, architecture
+        target_dir, drafter_dir, dev, s.dtype, architecture
     )
     if meta.get("method") == "dflash":  # one chain: the block's drafts, as SGLang serves it
         draft_tokens, topk, verify_tokens = int(meta["config"]["block_size"]) - 1, 1, None
     try:
-        ps = loading.load_prompts(prompts_jsonl, tokenizer, prompts)
+        ps = loading.load_prompts(prompts_jsonl, tokenizer, s.prompts)
         result = compare(
             target,
             runner,
             ps,
             k=draft_tokens,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=s.max_new_tokens,
             eos=loading.eos_ids(tokenizer, target.model.config),
-            warmup=warmup,
-            repeats=repeats,
+            repeats=s.repeats,
             topk=topk,
             verify_tokens=verify_tokens,
             progress=progress,
@@ -132,10 +130,10 @@ def run_speculate(
         {
             "backend": "hf",
             "device": str(dev),
-            "dtype": dtype,
+            "dtype": s.dtype,
             "method": meta.get("method", "eagle3"),
             "draft_layers": meta["config"].get("num_hidden_layers", 1),
-            "max_new_tokens": max_new_tokens,
+            "max_new_tokens": s.max_new_tokens,
             "machine": machine(),
             "target": str(target_dir),
             "drafter": str(drafter_dir),
@@ -152,23 +150,15 @@ def run_online(
     target_dir,
     draft_dir,
     prompts_jsonl,
-    prompts,
-    max_new_tokens,
-    draft_tokens,
+    settings: EvaluateSettings,
     out_json,
     log_dir,
-    launch_timeout=600.0,
-    server_args=None,
-    cuda_graph=True,
     if_possible=False,
-    topk=1,
-    verify_tokens=None,
-    settings=None,
 ) -> dict:
     """SGLang with and without the exported drafter (one EAGLE-3 server per entry of
-    ``settings``, evaluate.sglang.settings; null: the one draft_tokens/topk/verify_tokens give);
-    with ``if_possible``, a 'not run' record
-    naming the reason where it cannot run (no GPU, another capture backend, no sglang)."""
+    evaluate.sglang.settings; null: the one draft_tokens/topk/verify_tokens give) on
+    ``settings.served_prompts`` prompts; with ``if_possible``, a 'not run' record naming the
+    reason where it cannot run (no GPU, another capture backend, no sglang)."""
     from eyrie.evaluate import online
 
     reason = online.why_not(backend)
@@ -181,22 +171,24 @@ def run_online(
         from eyrie.target.load import load_tokenizer
 
         tokenizer = load_tokenizer(target_dir)
-        ps = load_prompts(prompts_jsonl, tokenizer, prompts)
+        s, serving = settings, settings.sglang
+        ps = load_prompts(prompts_jsonl, tokenizer, s.served_prompts)
+        server_args = serving.server_args
         t0 = time.time()
         record = online.measure_servers(
             target_dir,
             draft_dir,
             ps,
-            max_new_tokens=max_new_tokens,
-            draft_tokens=draft_tokens,
-            topk=topk,
-            verify_tokens=verify_tokens,
-            settings=online.dflash_settings(draft_dir) or settings,
+            max_new_tokens=s.max_new_tokens,
+            draft_tokens=s.draft_tokens,
+            topk=s.topk,
+            verify_tokens=s.verify_tokens,
+            settings=online.dflash_settings(draft_dir) or serving.settings,
             tokenizer=tokenizer,
             log_dir=log_dir,
-            launch_timeout=launch_timeout,
+            launch_timeout=serving.launch_timeout_s,
             server_args=online.DEFAULT_SERVER_ARGS if server_args is None else list(server_args),
-            cuda_graph=cuda_graph,
+            cuda_graph=serving.cuda_graph,
         )
         record["wall_seconds"] = time.time() - t0
         record["machine"] = machine()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ from eyrie.target.layers import (
     find_final_norm,
     hidden_state,
 )
+
+if TYPE_CHECKING:
+    from eyrie.extract.settings import CaptureSettings
 
 log = logging.getLogger("eyrie.extract.hf")
 
@@ -334,8 +338,8 @@ class HFBackend:
     seconds_keys = ("setup", "capture", "write", "wait", "total")
     writer_queue = 1
 
-    def __init__(self, capture: dict, *, architecture=None, target=None):
-        self.capture_cfg, self.architecture = capture, architecture
+    def __init__(self, capture: CaptureSettings, *, architecture=None, target=None):
+        self.settings, self.architecture = capture, architecture
         self.target = target
         self.aux_ids: list[int] = []
         self.graphs: str | bool = False  # capture.cuda_graphs, resolved for the loaded target
@@ -345,21 +349,19 @@ class HFBackend:
         from eyrie.target.load import load_target
 
         if self.target is None:
-            device = self.capture_cfg.get("device", "auto")
+            device = self.settings.device
             self.target = load_target(target_path, device=device, architecture=self.architecture)
         self.aux_ids = aux_ids
         t = self.target
         # checked before the job tokenizes or starts its writer
-        self.graphs = cuda_graphs_for(
-            self.capture_cfg.get("cuda_graphs", "auto"), t.model, t.device
-        )
+        self.graphs = cuda_graphs_for(self.settings.cuda_graphs, t.model, t.device)
         hidden = int(t.model.config.get_text_config().hidden_size)
         return Prepared(t.tokenizer, t.architecture, t.device, t.dtype, hidden)
 
     @contextmanager
     def session(self, todo: bool, batch_size: int):
         pad_id, graphs = self.target.tokenizer.pad_token_id, self.graphs
-        bucket = int(self.capture_cfg.get("graph_bucket_tokens", 64))
+        bucket = self.settings.graph_bucket_tokens
         if todo:
             log.info(
                 "capture forward: %s",
@@ -399,7 +401,7 @@ class HFBackend:
                 self._graph_stats = cap.graph_stats
 
     def _why_eager(self) -> str:
-        setting = self.capture_cfg.get("cuda_graphs", "auto")
+        setting = self.settings.cuda_graphs
         if setting in (False, "false"):
             return "capture.cuda_graphs is false"
         model, device = self.target.model, self.target.device

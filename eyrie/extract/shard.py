@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from eyrie.common.disk_full import for_extract, is_disk_full
@@ -38,6 +39,12 @@ from eyrie.extract.job import (
     provenance_for,
     resume_plan,
     work_paths,
+)
+from eyrie.extract.settings import (
+    CaptureSettings,
+    ExtractSettings,
+    capture_settings,
+    extract_settings,
 )
 from eyrie.extract.timer import Timer
 from eyrie.extract.tokens import tokenize
@@ -85,6 +92,16 @@ class ShardTask:
     weights_cache: str | Path | None = None
     progress: bool = True
 
+    # `capture` and `extract` stay as given (a store's provenance records them); the job reads
+    # them typed, once, with the schema's defaults
+    @cached_property
+    def capture_settings(self) -> CaptureSettings:
+        return capture_settings(self.capture)
+
+    @cached_property
+    def extract_settings(self) -> ExtractSettings:
+        return extract_settings(self.extract)
+
 
 def extract_shard(*, target=None, **task) -> Outcome:
     """Extract a shard from a split file into its store (`task`: ShardTask's fields).
@@ -99,7 +116,7 @@ def extract_shard(*, target=None, **task) -> Outcome:
 
 def capture_for(task: ShardTask, target=None) -> Capture:
     """The capture capture.backend names."""
-    backend = task.capture.get("backend", "hf")
+    backend = task.capture_settings.backend
     if backend == "sglang":
         from eyrie.extract.sglang import SglangBackend
 
@@ -115,7 +132,7 @@ def capture_for(task: ShardTask, target=None) -> Capture:
     if backend == "hf":
         from eyrie.extract.hf import HFBackend
 
-        return HFBackend(task.capture, architecture=task.architecture, target=target)
+        return HFBackend(task.capture_settings, architecture=task.architecture, target=target)
     raise ExtractError(
         f"capture.backend {backend!r}: this extractor runs the target in-process (backend 'hf')"
     )
@@ -141,8 +158,7 @@ class ExtractJob:
     def __init__(self, task: ShardTask, capture: Capture, writing: Writing | None = None):
         self.task, self.cap, self.writing = task, capture, writing
         self.timer = Timer(capture.seconds_keys)
-        batch_size = int(task.capture.get("batch_size", 8))
-        self.batch_size = batch_size
+        self.batch_size = batch_size = task.capture_settings.batch_size
         self.commit_every = max(batch_size, -(-int(task.commit_every) // batch_size) * batch_size)
         self.out_store, self.errors_csv = Path(task.out_store), Path(task.errors_csv)
         self.work_store, self.work_errors = work_paths(self.out_store, self.errors_csv)
@@ -188,16 +204,16 @@ class ExtractJob:
 
         task, cap = self.task, self.cap
         self.members = shard_members(read_split(task.data_path), task.shard, self.shards)
-        configured = task.capture.get("aux_layer_ids")
+        configured = task.capture_settings.aux_layer_ids
         self.aux_ids = resolve_aux_layer_ids(configured, num_hidden_layers(task.target_path))
         self.ready = cap.prepare(task.target_path, self.aux_ids)
         device = self.ready.device.type
         if self.writing is None:
-            self.writing = writing_for(task.extract, cap.writer_queue, device, cap.backend)
+            self.writing = writing_for(task.extract_settings, cap.writer_queue, device, cap.backend)
         # a writer process starts now: it imports while the job tokenizes and hashes
         self.writer = GroupWriter(self.writing)
         self.pin = forward_cpu_plan(
-            task.extract.get("pin_forward", "auto"),
+            task.extract_settings.pin_forward,
             writer_process=self.writing.mode == "process",
             device_type=device,
         )
@@ -221,7 +237,7 @@ class ExtractJob:
 
     @property
     def shards(self) -> int:
-        return int(self.task.extract["shards"])
+        return self.task.extract_settings.shards
 
     def store_contents(self) -> dict:
         """ShardWriter's arguments that say what the store holds, its provenance with them."""
@@ -249,17 +265,17 @@ class ExtractJob:
         )
         if ready.dtype_label is not None:
             provenance["dtype"] = ready.dtype_label
-        chunk_tokens = int(extract.get("chunk_tokens", 256))
-        shard_tokens = extract.get("shard_tokens", "auto")
+        typed = task.extract_settings
+        chunk_tokens = typed.chunk_tokens
         return {
             "hidden_size": ready.hidden_size,
             "aux_layer_ids": self.aux_ids,
             "provenance": provenance,
             "chunk_tokens": chunk_tokens,
             "shard_tokens": shard_tokens_for(
-                shard_tokens, chunk_tokens, ready.hidden_size, len(self.aux_ids)
+                typed.shard_tokens, chunk_tokens, ready.hidden_size, len(self.aux_ids)
             ),
-            "precision": str(extract.get("precision", "lossless")),
+            "precision": typed.precision,
         }
 
     # -- run --------------------------------------------------------------------------------------

@@ -8,8 +8,13 @@ forward for the interpreter (benchmarks/RESULTS.md, "Where the rest goes").
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from eyrie.common.errors import ExtractError
 from eyrie.store.group_writer import Writing, process_supported
+
+if TYPE_CHECKING:
+    from eyrie.extract.settings import ExtractSettings
 
 
 def use_writer_process(setting, device_type: str, backend: str) -> bool:
@@ -28,10 +33,12 @@ def use_writer_process(setting, device_type: str, backend: str) -> bool:
     return bool(setting)
 
 
-def writing_for(extract: dict, writer_queue: int, device_type: str, backend: str) -> Writing:
+def writing_for(
+    extract: ExtractSettings, writer_queue: int, device_type: str, backend: str
+) -> Writing:
     """The writer for a job's extract settings, its capture's queue and its target's device."""
-    threads = extract.get("writer_threads", "auto")
+    threads = extract.writer_threads
     if writer_queue <= 0:
         return Writing("inline", depth=0, threads=threads)
-    process = use_writer_process(extract.get("writer_process", "auto"), device_type, backend)
+    process = use_writer_process(extract.writer_process, device_type, backend)
     return Writing("process" if process else "thread", depth=writer_queue, threads=threads)

@@ -19,6 +19,7 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eyrie.common.errors import EyrieError
 from eyrie.common.hf_config import text_config
@@ -26,6 +27,9 @@ from eyrie.regenerate.hf import Answer
 from eyrie.sglang import http
 from eyrie.sglang.launch import LAUNCHER, ONLINE_SERVER_ARGS, online_command
 from eyrie.sglang.server import ServerError, ready_server
+
+if TYPE_CHECKING:
+    from eyrie.regenerate.settings import RegenerateSettings
 
 
 class SglangRegenerateError(EyrieError, RuntimeError):
@@ -90,7 +94,8 @@ class SglangGenerator:
 
 
 def sglang_generator(
-    target_path, settings: dict, architecture=None, *, log_path="regenerate-sglang.log",
+    target_path, settings: RegenerateSettings, architecture=None, *,
+    log_path="regenerate-sglang.log",
     launcher=LAUNCHER,
 ):  # fmt: skip
     """(SglangGenerator, tokenizer, the target's position limit), its server ready."""
@@ -100,16 +105,16 @@ def sglang_generator(
     tokenizer = load_tokenizer(target_path)
     config = text_config(read_config(target_path))
     stops = sorted({tokenizer.eos_token_id, *_config_stops(target_path, config)} - {None})
-    cfg = settings.get("sglang") or {}
+    cfg = settings.sglang
     stack = contextlib.ExitStack()
-    url = cfg.get("url")
+    url = cfg.url
     if not url:
-        flags = list(cfg.get("server_args") or ONLINE_SERVER_ARGS)
+        flags = list(cfg.server_args or ONLINE_SERVER_ARGS)
 
         def command(port: int) -> list[str]:
             return online_command(target_path, port, server_args=flags, launcher=launcher)
 
-        timeout = float(cfg.get("launch_timeout_s", 900))
+        timeout = float(cfg.launch_timeout_s)
         key = "regenerate.sglang.launch_timeout_s"
         try:
             server = stack.enter_context(ready_server(command, log_path, timeout, key=key))
@@ -118,8 +123,8 @@ def sglang_generator(
             raise SglangRegenerateError(str(exc)) from None
         url = server.url
     gen = SglangGenerator(
-        url, max_new_tokens=settings["max_new_tokens"], temperature=settings["temperature"],
-        concurrency=settings["batch_size"], stops=stops, stack=stack,
+        url, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+        concurrency=settings.batch_size, stops=stops, stack=stack,
     )  # fmt: skip
     return gen, tokenizer, int(config.get("max_position_embeddings") or 1 << 20)
 

@@ -24,6 +24,7 @@ from eyrie.common import atomic
 from eyrie.common.errors import EyrieError
 from eyrie.common.progress import bar
 from eyrie.common.provenance import file_sha256, package_versions
+from eyrie.regenerate.settings import RegenerateSettings, regenerate_settings
 from eyrie.regenerate.turns import (
     GENERATED,
     Outcome,
@@ -103,15 +104,17 @@ class SplitJob:
 def regenerate_split(job: SplitJob, settings: dict, *, progress=True, generator_factory=None):
     """Regenerate one prepared split; returns the summary written beside the output.
 
-    `generator_factory(model_path, settings, architecture) -> (generator, tokenizer,
-    max_positions)` builds the backend (default: transformers in-process); tests pass a
-    stand-in.
+    ``settings`` is the regenerate section as given (the summary records it); the run reads it
+    typed once (eyrie/regenerate/settings.py). `generator_factory(model_path, typed settings,
+    architecture) -> (generator, tokenizer, max_positions)` builds the backend (default:
+    transformers in-process); tests pass a stand-in.
     """
     data_path, out_jsonl, summary_json = Path(job.data), Path(job.out), job.summary
     target_path, architecture, split = job.target, job.architecture, job.split
-    if settings.get("backend", "hf") not in BACKENDS:
+    typed = regenerate_settings(settings)
+    if typed.backend not in BACKENDS:
         raise RegenerateError(
-            f"regenerate.backend {settings['backend']!r} is not one of {list(BACKENDS)}"
+            f"regenerate.backend {typed.backend!r} is not one of {list(BACKENDS)}"
         )
     records = read_records(data_path)
     work = out_jsonl.parent / WORK_DIR / out_jsonl.name
@@ -129,11 +132,11 @@ def regenerate_split(job: SplitJob, settings: dict, *, progress=True, generator_
         if done:
             log.info("resuming %s: %d of %d conversations done", work, len(done), len(records))
         if len(done) < len(records):
-            factory = generator_factory or _factory(settings, out_jsonl, split)
-            generator, tokenizer, max_positions = factory(target_path, settings, architecture)
+            factory = generator_factory or _factory(typed, out_jsonl, split)
+            generator, tokenizer, max_positions = factory(target_path, typed, architecture)
             try:
                 done = _run_chunks(
-                    fh, records, done, (generator, tokenizer, max_positions), settings, split,
+                    fh, records, done, (generator, tokenizer, max_positions), typed, split,
                     progress, job.sample_tokens,
                 )  # fmt: skip
             finally:
@@ -223,23 +226,30 @@ class TurnMeter:
 
 
 def _run_chunks(
-    fh, records, done, backend, settings: dict, split: str, progress, sample_tokens=None
+    fh,
+    records,
+    done,
+    backend,
+    settings: RegenerateSettings,
+    split: str,
+    progress,
+    sample_tokens=None,
 ) -> list:
     """Regenerate the chunks after `done`, appending each to the work file; all outcomes."""
     generator, tokenizer, max_positions = backend
-    max_prompt = max_positions - int(settings["max_new_tokens"])
+    max_prompt = max_positions - settings.max_new_tokens
     if max_prompt < 1:
         raise RegenerateError(
-            f"regenerate.max_new_tokens ({settings['max_new_tokens']}) leaves no room for "
+            f"regenerate.max_new_tokens ({settings.max_new_tokens}) leaves no room for "
             f"a prompt in the target's {max_positions} positions; lower it"
         )
-    size = int(settings["chunk"])
+    size = settings.chunk
     meter = TurnMeter(records, assistant_turns(records[: len(done)]), split, progress)
     generator.on_tokens = meter.add_tokens  # generators without the hook just ignore it
     try:
         for first in range(len(done), len(records), size):
             number = first // size
-            _seed(int(settings["seed"]), number)
+            _seed(settings.seed, number)
             outcomes = regenerate_conversations(
                 records[first : first + size], first, generator, tokenizer, max_prompt,
                 on_turns=meter.add_turns, sample_tokens=sample_tokens,
@@ -251,9 +261,9 @@ def _run_chunks(
     return done
 
 
-def _factory(settings: dict, out_jsonl: Path, split: str):
+def _factory(settings: RegenerateSettings, out_jsonl: Path, split: str):
     """The backend's generator factory; sglang's server log goes beside the output."""
-    if settings.get("backend", "hf") == "sglang":
+    if settings.backend == "sglang":
         from functools import partial
 
         from eyrie.regenerate.sglang import sglang_generator
@@ -268,13 +278,13 @@ def _seed(seed: int, chunk: int) -> None:
     torch.manual_seed(seed * 1_000_003 + chunk)
 
 
-def hf_generator(target_path, settings: dict, architecture: str | None = None):
+def hf_generator(target_path, settings: RegenerateSettings, architecture: str | None = None):
     """transformers in-process: (HFGenerator, tokenizer, the target's position limit)."""
     from eyrie.common.device import pick_device
     from eyrie.regenerate.hf import HFGenerator
     from eyrie.target.load import load_model, load_tokenizer
 
-    device = pick_device(settings.get("device", "auto"), "regenerate.device")
+    device = pick_device(settings.device, "regenerate.device")
     model, _ = load_model(target_path, device, architecture)
     tokenizer = load_tokenizer(target_path)
     cfg = (
@@ -284,8 +294,8 @@ def hf_generator(target_path, settings: dict, architecture: str | None = None):
     gen = HFGenerator(
         model,
         tokenizer,
-        max_new_tokens=settings["max_new_tokens"],
-        temperature=settings["temperature"],
-        batch_size=settings["batch_size"],
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        batch_size=settings.batch_size,
     )
     return gen, tokenizer, positions

@@ -40,6 +40,7 @@ from eyrie.store.codecs import cosine_bar, stored_mantissa_bits
 from eyrie.target.layers import resolve_aux_layer_ids
 from eyrie.validate.problems import Problems
 from eyrie.validate.recompute import lm_head_weight, spot_check
+from eyrie.validate.settings import ValidateSettings
 from eyrie.validate.store import check_structure, check_values, iter_samples, open_raw
 
 
@@ -93,16 +94,15 @@ def validate_shard(
     shard: int,
     shards: int,
     max_tokens: int,
+    settings: ValidateSettings,
     aux_layer_ids=None,
-    spot_check_samples: int = 4,
-    min_cosine: float = 0.999,
-    min_greedy_match: float = 0.98,
     device: str = "auto",
     architecture: str | None = None,
     seed: int = 0,
     progress: bool = False,
 ) -> dict:
-    """A report (a JSON-ready dict) of one shard; problems are listed, never raised."""
+    """A report (a JSON-ready dict) of one shard; problems are listed, never raised. The bars
+    are ``settings``'s (validate.spot_check_samples, min_cosine, min_greedy_match)."""
     from eyrie.store.shard import ShardReader, StoreError
     from eyrie.target.load import load_target, load_tokenizer, num_hidden_layers, read_config
 
@@ -175,20 +175,22 @@ def validate_shard(
     # the target itself; a lossy store (attribute precision) is held to a bar relaxed by the
     # rounding's known bound (eyrie/store/codecs.py)
     keep = stored_mantissa_bits(raw.attrs) if raw is not None else None
-    bar = cosine_bar(min_cosine, keep)
+    bar = cosine_bar(settings.min_cosine, keep)
     report.update(spot_checked=[], cosine={}, min_cosine=None, greedy_match=None, greedy_tokens=0)
     report.update(
         precision=(raw.attrs.get("precision") if raw is not None else None) or {"kind": "lossless"},
         cosine_bar=bar,
     )
-    if decoded and spot_check_samples > 0:
+    if decoded and settings.spot_check_samples > 0:
         rng = np.random.default_rng(_seed(split, shard, seed))
-        k = min(spot_check_samples, len(decoded))
+        k = min(settings.spot_check_samples, len(decoded))
         picks = sorted(rng.choice(decoded, size=k, replace=False).tolist())
         target = load_target(target_path, device=device, architecture=architecture)
         lm_head = lm_head_weight(target_path)
         report.update(
-            spot_check(raw, picks, target, expected_aux, lm_head, p, bar, min_greedy_match, keep)
+            spot_check(
+                raw, picks, target, expected_aux, lm_head, p, bar, settings.min_greedy_match, keep
+            )
         )
 
     # sizes

@@ -6,6 +6,7 @@
     python benchmarks/peer_specforge.py convert --out /tmp/sf-data
     /tmp/sf-venv/bin/python benchmarks/peer_specforge.py train --data /tmp/sf-data [--lr 1e-4]
     python benchmarks/peer_specforge.py score --checkpoint /tmp/sf-data/out/lr0.0001/RUN-latest
+    python benchmarks/peer_specforge.py drafter --checkpoint ... --out /tmp/sf-drafter
 
 ``convert`` writes SpecForge's offline feature files, one ``.ckpt`` per sample (its
 ``OfflineManifestReader`` reads a folder of them):
@@ -29,6 +30,9 @@ separates the recipe from the rest. On a CPU its Triton loss kernel cannot run:
 ``LogSoftmaxLoss`` becomes the plain-torch reference beside it in ``specforge/core/loss.py``
 (``_compute_loss``), which computes the same value.
 
+``drafter`` writes the checkpoint as an Eyrie drafter folder, so that ``eyrie export`` and
+``eyrie speculate`` (the transformers loop, or SGLang) take it as they take Eyrie's own.
+
 ``score`` loads the run's checkpoint (``training_state.pt``, read with ``weights_only=True``)
 into Eyrie's Drafter and runs Eyrie's offline acceptance on the held-out stores: both
 drafters scored on the same rows by the same code.
@@ -44,8 +48,8 @@ import sys
 from pathlib import Path
 
 import torch
+from peers import save_as_drafter, stores
 from peers import score as peer_score
-from peers import stores
 
 
 def convert(args) -> None:
@@ -153,14 +157,19 @@ def train(args) -> None:
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, env=env)
 
 
-def score(args) -> None:
-    """Eyrie's held-out acceptance of the run's last checkpoint (its ``-latest``)."""
-    path = Path(args.checkpoint)
+def checkpoint(arg: str) -> tuple[dict, dict]:
+    """(the drafter's state dict, where and at which step) of a run's step folder."""
+    path = Path(arg)
     if path.is_dir():
         path = path / "training_state.pt"
     # a dict of tensors and numbers: loads without unpickling any object
     state = torch.load(path, map_location="cpu", weights_only=True)
-    draft = state["draft_state_dict"]
+    return state["draft_state_dict"], {"step": state["global_step"], "checkpoint": str(path)}
+
+
+def score(args) -> None:
+    """Eyrie's held-out acceptance of the run's last checkpoint (its ``-latest``)."""
+    draft, where = checkpoint(args.checkpoint)
     res = peer_score(
         draft,
         target=args.target,
@@ -168,8 +177,15 @@ def score(args) -> None:
         steps=args.steps,
         max_len=args.max_len,
     )
-    res["peer"] = {"step": state["global_step"], "checkpoint": str(path)}
+    res["peer"] = where
     print(json.dumps(res))
+
+
+def drafter(args) -> None:
+    """The checkpoint as an Eyrie drafter folder, for ``eyrie export`` and ``eyrie speculate``."""
+    draft, where = checkpoint(args.checkpoint)
+    peer = {"tool": "specforge", "version": "0.2.0", **where}
+    print(save_as_drafter(draft, args.target, args.template, args.out, peer))
 
 
 def main() -> None:
@@ -194,11 +210,16 @@ def main() -> None:
     s.add_argument("--results", default="results")
     s.add_argument("--target", default="models/toy-llama-deep")
     s.add_argument("--steps", type=int, default=3)
+    d = sub.add_parser("drafter")
+    d.add_argument("--checkpoint", required=True, help="a step folder or its training_state.pt")
+    d.add_argument("--template", default="results/train/drafter", help="Eyrie's, same stores")
+    d.add_argument("--target", default="models/toy-llama-deep")
+    d.add_argument("--out", required=True)
     for p in (c, t, s):
         p.add_argument("--max-len", type=int, default=512)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    {"convert": convert, "train": train, "score": score}[args.cmd](args)
+    {"convert": convert, "train": train, "score": score, "drafter": drafter}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
     /tmp/peer-venv/bin/python benchmarks/peer_speculators.py convert --out /tmp/peer-data
     /tmp/peer-venv/bin/python benchmarks/peer_speculators.py train --data-path /tmp/peer-data ...
     python benchmarks/peer_speculators.py score --checkpoint CKPT   (Eyrie's held-out metric)
+    python benchmarks/peer_speculators.py drafter --checkpoint CKPT --out DIR   (for eyrie export)
 
 ``convert`` writes speculators' offline format: a datasets folder (input_ids, loss_mask,
 seq_len; train samples first, then held-out ones) and hidden_states/hs_{i}.safetensors with
@@ -83,16 +84,34 @@ def train(argv: list[str]) -> None:
     train_main(TrainConfig.resolve())
 
 
-def score(args) -> None:
-    from peers import score as peer_score
+def checkpoint(folder: str) -> dict:
+    """The trained checkpoint's tensors under Eyrie's Drafter names."""
     from safetensors.torch import load_file
 
-    sd = load_file(str(Path(args.checkpoint) / "model.safetensors"))
-    state = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()}
+    sd = load_file(str(Path(folder) / "model.safetensors"))
+    return {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()}
+
+
+def score(args) -> None:
+    from peers import score as peer_score
+
     res = peer_score(
-        state, target=args.target, results=args.results, steps=args.steps, max_len=args.max_len
+        checkpoint(args.checkpoint),
+        target=args.target,
+        results=args.results,
+        steps=args.steps,
+        max_len=args.max_len,
     )
     print(json.dumps(res))
+
+
+def drafter(args) -> None:
+    """The checkpoint as an Eyrie drafter folder, for ``eyrie export`` and ``eyrie speculate``."""
+    from peers import save_as_drafter
+
+    step = json.loads((Path(args.checkpoint) / "training_state.json").read_text())["global_step"]
+    peer = {"tool": "speculators", "version": "0.9.0", "checkpoint": args.checkpoint, "step": step}
+    print(save_as_drafter(checkpoint(args.checkpoint), args.target, args.template, args.out, peer))
 
 
 def main() -> None:
@@ -108,13 +127,17 @@ def main() -> None:
     s = sub.add_parser("score")
     s.add_argument("--checkpoint", required=True)
     s.add_argument("--steps", type=int, default=3)
-    for p in (c, s):
+    d = sub.add_parser("drafter")
+    d.add_argument("--checkpoint", required=True)
+    d.add_argument("--template", default="results/train/drafter", help="Eyrie's, same stores")
+    d.add_argument("--out", required=True)
+    for p in (c, s, d):
         p.add_argument("--results", default="results")
-        p.add_argument("--target", default="models/toy-llama")
+        p.add_argument("--target", default="models/toy-llama-deep")
         p.add_argument("--max-len", type=int, default=512)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    {"convert": convert, "score": score}[args.cmd](args)
+    {"convert": convert, "score": score, "drafter": drafter}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -58,3 +58,26 @@ def score(state: dict, *, target, results, steps: int, max_len: int) -> dict:
     ).to_dict()
     res["num_key_value_heads"] = model.config.num_key_value_heads
     return res
+
+
+def save_as_drafter(state: dict, target, template, out, peer: dict) -> Path:
+    """``state`` as an Eyrie drafter folder ``out`` (drafter.json + model.safetensors), so that
+    ``eyrie export`` and ``eyrie speculate`` take a peer's drafter as they take Eyrie's own.
+
+    drafter.json is ``template``'s (Eyrie's drafter trained on the same stores: the same aux
+    layers, target and vocabulary) with the peer's shape and a ``peer`` record in place of
+    Eyrie's training and held-out summaries."""
+    from safetensors.torch import save_file
+
+    model = drafter_from_state(state, target)
+    meta = json.loads((Path(template) / "drafter.json").read_text())
+    identity = f"{peer['tool']}-{peer['version']}-step{peer['step']}"
+    meta.update(config=model.config.to_dict(), train={"steps": peer["step"], "identity": identity})
+    meta["train"]["peer"] = peer
+    meta.pop("heldout", None)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, str(out / "model.safetensors"))
+    (out / "drafter.json").write_text(json.dumps(meta, indent=2))  # last: the folder is whole
+    return out

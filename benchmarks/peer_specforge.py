@@ -96,7 +96,12 @@ def convert(args) -> None:
     save_file(weights, str(shim / "model.safetensors"))
     index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in weights}}
     (shim / "model.safetensors.index.json").write_text(json.dumps(index))
-    draft = json.loads((Path(args.results) / "export" / "sglang" / "config.json").read_text())
+    export = Path(args.export or Path(args.results) / "export" / "sglang")
+    draft = json.loads((export / "config.json").read_text())
+    if draft.get("architectures") != ["LlamaForCausalLMEagle3"]:
+        raise SystemExit(
+            f"{export} is not an EAGLE-3 export; pass --export with Eyrie's EAGLE-3 one"
+        )
     (out / "draft.json").write_text(json.dumps(draft, indent=2))
     print(json.dumps({"samples": counts, "target": str(shim), "draft": str(out / "draft.json")}))
 
@@ -114,6 +119,7 @@ def run_config(args) -> dict:
             "eval_hidden_states_path": str(data / "heldout"),
             "max_length": args.max_len,
             "dataloader_num_workers": 0,
+            "cache_dir": str(data / "cache"),  # its default is ./cache
         },
         "training": {
             "strategy": "eagle3",
@@ -196,6 +202,7 @@ def main() -> None:
     c.add_argument("--results", default="results")
     c.add_argument("--target", default="models/toy-llama-deep")
     c.add_argument("--dtype", default="float32", help="bfloat16 for a GPU run")
+    c.add_argument("--export", help="Eyrie's SGLang export (the shape); {results}/export/sglang")
     t = sub.add_parser("train")
     t.add_argument("--data", required=True)
     t.add_argument("--lr", type=float, default=1e-4)

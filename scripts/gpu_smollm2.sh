@@ -58,14 +58,7 @@ OUT=${OUT:-benchmarks/out/gpu-smollm2}
 mkdir -p "$OUT" "$EYRIE_CACHE/packages"
 
 if [ -n "$pieces" ]; then
-  pieces=$(realpath "$pieces")
-  for first in "$pieces"/*.part-00; do
-    whole=$(basename "$first" .part-00)
-    cat "$pieces/$whole".part-* >"$EYRIE_CACHE/packages/$whole.tmp"
-    mv "$EYRIE_CACHE/packages/$whole.tmp" "$EYRIE_CACHE/packages/$whole"
-  done
-  (cd "$EYRIE_CACHE/packages" && sha256sum -c "$pieces/SHA256SUMS") ||
-    { echo "error: a joined package does not match $pieces/SHA256SUMS; carry its pieces again" >&2; exit 1; }
+  scripts/gpu_join_pieces.sh "$pieces" "$EYRIE_CACHE/packages"
   for w in "$EYRIE_CACHE"/packages/accelerate-*.whl; do  # transformers reads a GGUF with it
     python3 -c "import accelerate" 2>/dev/null ||
       python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w"

@@ -65,8 +65,8 @@ def save_as_drafter(state: dict, target, template, out, peer: dict) -> Path:
     ``eyrie export`` and ``eyrie speculate`` take a peer's drafter as they take Eyrie's own.
 
     drafter.json is ``template``'s (Eyrie's drafter trained on the same stores: the same aux
-    layers, target and vocabulary) with the peer's shape and a ``peer`` record in place of
-    Eyrie's training and held-out summaries."""
+    layers and target) with the peer's shape; its ``train`` record names the peer's checkpoint,
+    its ``draft_vocab`` record the peer's own mapping, and Eyrie's held-out summary goes."""
     from safetensors.torch import save_file
 
     model = drafter_from_state(state, target)
@@ -74,6 +74,7 @@ def save_as_drafter(state: dict, target, template, out, peer: dict) -> Path:
     identity = f"{peer['tool']}-{peer['version']}-step{peer['step']}"
     meta.update(config=model.config.to_dict(), train={"steps": peer["step"], "identity": identity})
     meta["train"]["peer"] = peer
+    meta["draft_vocab"] = {"source": f"{peer['tool']}'s own d2t and t2d, in the weights"}
     meta.pop("heldout", None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

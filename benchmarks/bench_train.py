@@ -119,6 +119,8 @@ def bench(size: str, device, B: int, T: int, K: int, steps: int, autocast) -> di
 
     one_step()  # warm-up (allocations, kernel selection)
     sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     t = time.perf_counter()
     for _ in range(steps):
         one_step()
@@ -133,6 +135,8 @@ def bench(size: str, device, B: int, T: int, K: int, steps: int, autocast) -> di
         "step_s": seconds,
         "tokens_per_s": tok_s,
         "flop_s": tok_s * flops_per_token(c, T, K),
+        # the model, its optimizer state and one step's activations: the peak of a timed step
+        "peak_memory": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }
 
 
@@ -141,6 +145,7 @@ def report(r: dict, peak: float, label: str, extra: str = "") -> None:
         f"{r['size']:>9} B={r['B']} T={r['T']} K={r['K']}: {r['step_s'] * 1e3:8.1f} ms/step, "
         f"{r['tokens_per_s']:10.0f} tokens/s, {r['flop_s'] / 1e9:9.1f} GFLOP/s, "
         f"MFU {r['flop_s'] / peak:.1%} of the {label} ({peak / 1e9:.0f} GFLOP/s){extra}"
+        + (f", peak memory {r['peak_memory'] / 2**30:.1f} GiB" if r["peak_memory"] else "")
     )
 
 

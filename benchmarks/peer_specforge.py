@@ -131,7 +131,7 @@ def run_config(args) -> dict:
             "fsdp_sharding": "NO_SHARD",
             "seed": args.seed,
             "eval_interval": args.eval_interval,
-            "log_interval": 50,
+            "log_interval": args.log_interval,
         },
         "run_id": f"eyrie-peer-lr{args.lr:g}",
         "output_dir": str(data / "out" / f"lr{args.lr:g}"),
@@ -153,8 +153,14 @@ def train(args) -> None:
         "    apply = staticmethod(lambda logits, p, mask: L._compute_loss(logits, p, mask))\n"
         "L.LogSoftmaxLoss = M.LogSoftmaxLoss = Plain\n"
     )
+    # the peak of the device's memory, printed at exit (peer_specforge_throughput.py reads it)
+    peak = (
+        "import atexit, torch\n"
+        "atexit.register(lambda: print('peak_memory_bytes', torch.cuda.max_memory_allocated(),"
+        " flush=True))\n"
+    )
     code = (
-        (plain if args.device == "cpu" else "")
+        (plain if args.device == "cpu" else peak)
         + "import sys\nfrom specforge.cli import main\n"
         + "sys.argv = ['specforge', 'train', '--config', sys.argv[1]]\n"
         + "sys.exit(main())\n"
@@ -212,6 +218,7 @@ def main() -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     t.add_argument("--eval-interval", type=int, default=300, help="optimizer steps")
+    t.add_argument("--log-interval", type=int, default=50, help="optimizer steps")
     s = sub.add_parser("score")
     s.add_argument("--checkpoint", required=True, help="a step folder or its training_state.pt")
     s.add_argument("--results", default="results")

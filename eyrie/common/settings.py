@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from functools import cache
 
-from eyrie.common.config import ConfigError, schema
+from eyrie.common.config import ConfigError, _with_defaults, schema
 
 
 @cache
@@ -27,18 +27,6 @@ def _section(path: str) -> dict:
     return node
 
 
-def defaults(path: str) -> dict:
-    """The schema's defaults of section ``path`` ("evaluate.sglang"), nested sections filled."""
-    node = _section(path)
-    out = {}
-    for name, sub in node["properties"].items():
-        if "properties" in sub:
-            out[name] = defaults(f"{path}.{name}")
-        elif "default" in sub:
-            out[name] = copy.deepcopy(sub["default"])
-    return out
-
-
 def typed(cls, path: str, values: Mapping | None):
     """``cls`` from the defaults of section ``path`` overlaid with ``values``."""
     known = _section(path)["properties"]
@@ -46,12 +34,13 @@ def typed(cls, path: str, values: Mapping | None):
     unknown = sorted(set(given) - set(known))
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed keys are {sorted(known)}")
-    merged = {**defaults(path), **given}
+    merged = _with_defaults(copy.deepcopy(given), _section(path))
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for field in dataclasses.fields(cls):
-        value = merged[field.name]
-        if dataclasses.is_dataclass(hints[field.name]):
-            value = typed(hints[field.name], f"{path}.{field.name}", value)
+        if dataclasses.is_dataclass(hints[field.name]):  # a subsection: its own defaults
+            value = typed(hints[field.name], f"{path}.{field.name}", merged.get(field.name))
+        else:
+            value = merged[field.name]
         kwargs[field.name] = value
     return cls(**kwargs)

@@ -5,7 +5,8 @@
 #   .gpu/w1a, .gpu/w1b  .gpu/w1 cut in two, so that each piece plus this repository (34 MB)
 #                       fits one 64 MiB transfer to the GPU machine: sglang_kernel alone (25 MB),
 #                       then sglang, flashinfer and transformers (31 MB)
-#   .gpu/w3             Eyrie's own dependencies (snakemake, zarr, numcodecs, pandas, ...) for
+#   .gpu/w3             Eyrie's own dependencies (snakemake, zarr, numcodecs, pandas, ...) and
+#                       pytest-xdist (pyproject's addopts; the machine's python has pytest) for
 #                       CPython 3.12, minus what .gpu/w2 holds; pulp without its bundled solver
 #                       binaries (Snakemake then uses its greedy scheduler)
 # On the GPU machine, in four calls within the machine's idle window:
@@ -61,5 +62,8 @@ python3 -m wheel unpack -d "$dl/pulp" "$p" >/dev/null
 rm -rf "$dl"/pulp/pulp-*/pulp/solverdir/cbc
 python3 -m wheel pack --build-number 1slim -d .gpu/w3 "$dl"/pulp/pulp-* >/dev/null
 rm -f "$p"
+# 4. pytest's workers, for the GPU tests (pytest itself is the machine's)
+python3 -m pip download -q --no-deps -d .gpu/w3 pytest-xdist==3.8.0 execnet==2.1.2 2>&1 |
+  grep -v WARNING || true
 echo "built: .gpu/w1a $(du -sh .gpu/w1a | cut -f1), .gpu/w1b $(du -sh .gpu/w1b | cut -f1)," \
   ".gpu/w3 $(du -sh .gpu/w3 | cut -f1) ($(ls .gpu/w3 | wc -l) wheels)"

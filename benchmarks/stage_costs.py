@@ -100,33 +100,64 @@ def table(costs: dict) -> str:
     return "\n".join(lines)
 
 
+def margins(points: list[tuple[int, float]]) -> tuple[float, float, float | None]:
+    """Points (tokens, seconds), smallest first: the fixed seconds and the seconds per million
+    tokens of the line through the smallest and the largest, and the last pair's seconds per
+    million tokens over the first pair's (None under three points). A stage's cost per token
+    falls with size while a fixed cost (a process, a model load) is amortized; only a growing
+    margin means a cost that grows faster than the data."""
+    (n0, s0), (n1, s1) = points[0], points[-1]
+    marginal = (s1 - s0) / (n1 - n0) * 1e6
+    growth = None
+    if len(points) > 2:
+        first = (points[1][1] - s0) / (points[1][0] - n0)
+        last = (s1 - points[-2][1]) / (n1 - points[-2][0])
+        growth = last / first if first > 0 else None
+    return s0 - marginal * n0 / 1e6, marginal, growth
+
+
+def verdict(ratio: float | None, growth: float | None, limit: float = 1.2) -> str:
+    if ratio is not None and ratio > limit:
+        return "**grows**"
+    if growth is not None and growth > limit:
+        return f"**grows at the margin** ({growth:.2f}×)"
+    return "flat" if ratio is not None and ratio >= 1 / limit else "falls: fixed cost"
+
+
 def compare(runs: list[dict]) -> str:
-    """Stage × size: seconds per million stored tokens, and max ÷ min across the sizes."""
+    """Stage × size: seconds per million stored tokens, the largest size's over the smallest's,
+    the fixed and marginal cost through them, and a verdict (limit 1.2×)."""
 
     def stored(run):
         return next((r["tokens"] for r in run["stages"] if r["stage"] == "extract"), None) or 0
 
     runs = sorted(runs, key=stored)
     head = " | ".join(f"{stored(r):,} tokens" for r in runs)
-    lines = [f"| stage (s per M tokens) | {head} | max ÷ min |",
-             "|---|" + "---|" * (len(runs) + 1)]  # fmt: skip
+    lines = [f"| stage (s per M tokens) | {head} | largest ÷ smallest | fixed s | "
+             "marginal s per M | |",
+             "|---|" + "---|" * (len(runs) + 4)]  # fmt: skip
     stages = sorted({r["stage"] for run in runs for r in run["stages"]})
     for stage in stages:
-        per = []
+        points = []
         for run in runs:
             row = next((r for r in run["stages"] if r["stage"] == stage), None)
-            per.append(row["seconds"] / stored(run) * 1e6 if row and stored(run) else None)
-        known = [v for v in per if v]
-        spread = max(known) / min(known) if len(known) > 1 else None
-        flag = " **over 1.2**" if spread and spread > 1.2 else ""
+            points.append((stored(run), row["seconds"]) if row and stored(run) else None)
+        per = [p and p[1] / p[0] * 1e6 for p in points]
+        known = [p for p in points if p]
         cells = " | ".join("-" if v is None else f"{v:,.1f}" for v in per)
-        lines.append(f"| {stage} | {cells} | {'-' if spread is None else f'{spread:.2f}'}{flag} |")
+        if len(known) < 2 or known[0][0] == known[-1][0]:
+            lines.append(f"| {stage} | {cells} | - | - | - | |")
+            continue
+        ratio = (known[-1][1] / known[-1][0]) / (known[0][1] / known[0][0])
+        fixed, marginal, growth = margins(known)
+        lines.append(f"| {stage} | {cells} | {ratio:.2f} | {fixed:,.1f} | {marginal:,.1f} | "
+                     f"{verdict(ratio, growth)} |")  # fmt: skip
     for key, unit, scale in (("peak_gpu_mib", "MiB", 1), ("peak_open_files", "", 1),
                              ("results_bytes", "MB", 1e-6),
                              ("snakemake_bookkeeping_bytes", "MB", 1e-6)):  # fmt: skip
         vals = [r.get(key) for r in runs]
         cells = " | ".join("-" if v is None else f"{v * scale:,.2f} {unit}".strip() for v in vals)
-        lines.append(f"| {key} | {cells} | |")
+        lines.append(f"| {key} | {cells} | | | | |")
     return "\n".join(lines)
 
 

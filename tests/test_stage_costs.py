@@ -54,8 +54,24 @@ def test_compare_gives_seconds_per_million_tokens_and_flags_growth():
 
     out = sc.compare([run(2_000_000, 40.0, 100.0), run(1_000_000, 20.0, 40.0)])
     assert "| 1,000,000 tokens | 2,000,000 tokens |" in out  # smallest first
-    assert "| extract | 20.0 | 20.0 | 1.00 |" in out  # seconds per million tokens
-    assert "| train_drafter | 40.0 | 50.0 | 1.25 **over 1.2** |" in out
+    assert "| extract | 20.0 | 20.0 | 1.00 | 0.0 | 20.0 | flat |" in out  # s per M tokens
+    # 40 s, then 100 s: 60 s per M at the margin, a fixed cost of -20 s: it grows
+    assert "| train_drafter | 40.0 | 50.0 | 1.25 | -20.0 | 60.0 | **grows** |" in out
+
+
+def test_compare_tells_a_fixed_cost_from_a_cost_that_grows_at_the_margin():
+    def run(tokens, seconds):
+        costs = {"extract": tokens / 1e6, "validate": seconds(tokens)}
+        return {"stages": [{"stage": n, "seconds": s, "tokens": tokens} for n, s in costs.items()]}
+
+    fixed = [run(n, lambda t: 30 + 10 * t / 1e6) for n in (1_000_000, 2_000_000, 4_000_000)]
+    out = sc.compare(fixed)  # per M tokens 40, 25, 17.5: a fixed 30 s plus 10 s per M
+    assert "| validate | 40.0 | 25.0 | 17.5 | 0.44 | 30.0 | 10.0 | falls: fixed cost |" in out
+    # 100 s plus the square of the size: per M tokens it falls (101, 52, 29), but the margin
+    # doubles from one pair of sizes to the next, and a fixed cost must not hide that
+    square = [run(n, lambda t: 100 + (t / 1e6) ** 2) for n in (1_000_000, 2_000_000, 4_000_000)]
+    assert "**grows at the margin** (2.00×)" in sc.compare(square)
+    assert sc.margins([(1, 1.0), (3, 5.0)]) == (-1.0, 2e6, None)  # under three points: no growth
 
 
 def test_rehearsal_conversations_reach_the_tokens_within_the_sample_limit(tmp_path):

@@ -116,12 +116,12 @@ def margins(points: list[tuple[int, float]]) -> tuple[float, float, float | None
     return s0 - marginal * n0 / 1e6, marginal, growth
 
 
-def verdict(ratio: float | None, growth: float | None, limit: float = 1.2) -> str:
-    if ratio is not None and ratio > limit:
+def verdict(ratio: float, growth: float | None, limit: float = 1.2) -> str:
+    if ratio > limit:
         return "**grows**"
     if growth is not None and growth > limit:
         return f"**grows at the margin** ({growth:.2f}×)"
-    return "flat" if ratio is not None and ratio >= 1 / limit else "falls: fixed cost"
+    return "flat" if ratio >= 1 / limit else "falls: fixed cost"
 
 
 def compare(runs: list[dict]) -> str:

@@ -8,10 +8,14 @@ as real data; only the accuracy numbers would differ.
 
     python benchmarks/bench_train.py                 # the toy drafter on CPU (and GPU if any)
     python benchmarks/bench_train.py --steps 7 --threads 2
+    python benchmarks/bench_train.py --size mid --device cpu --batch-size 2 --len 512
 
 Sizes: "toy" is the drafter of models/toy-llama (H 256, 8 heads / 2 KV heads of 32, MLP 704,
 draft vocab 1024 of 4096); "realistic" is a Llama-3-8B-sized drafter (H 4096, 32 / 8 heads of
-128, MLP 14336, draft vocab 32000 of 128256), run only where CUDA is present.
+128, MLP 14336, draft vocab 32000 of 128256), run by default only where CUDA is present;
+"mid" keeps realistic's proportions at a quarter of its width (H 1024, 8 / 2 heads of 128, MLP
+3584, draft vocab 8000 of 32064), small enough to set beside a peer's loop on a CPU.
+With --size, one case runs on --device (fp32 on the CPU, bf16 autocast on a GPU).
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ SIZES = {
         head_dim=32,
         vocab_size=4096,
         draft_vocab_size=1024,
+    ),
+    "mid": dict(
+        hidden_size=1024,
+        intermediate_size=3584,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        vocab_size=32064,
+        draft_vocab_size=8000,
     ),
     "realistic": dict(
         hidden_size=4096,
@@ -149,17 +162,38 @@ def report(r: dict, peak: float, label: str, extra: str = "") -> None:
     )
 
 
+def one_case(args) -> None:
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        peak, label, autocast = (
+            matmul_peak(device, torch.bfloat16, 8192, 20),
+            "bf16 matmul",
+            torch.bfloat16,
+        )
+    else:
+        peak, label, autocast = matmul_peak(device, torch.float32, 1024, 10), "fp32 matmul", None
+    r = bench(args.size, device, args.batch_size, args.len, args.ttt_steps, args.steps, autocast)
+    report(r, peak, label)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per case")
     p.add_argument("--ttt-steps", type=int, default=7, help="unroll steps K")
     p.add_argument("--no-gpu", action="store_true")
+    p.add_argument("--size", choices=sorted(SIZES), help="one case only, on --device")
+    p.add_argument("--device", default="cpu", help="with --size")
+    p.add_argument("--batch-size", type=int, default=2, help="with --size")
+    p.add_argument("--len", type=int, default=2048, help="with --size: tokens per sample")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(machine("cuda" if torch.cuda.is_available() else "cpu"))
     print(host_line())
+    if args.size:
+        one_case(args)
+        return
     cpu = torch.device("cpu")
     peak = matmul_peak(cpu, torch.float32, 1024, 10)
     print(f"baseline: fp32 1024^3 matmul on CPU, measured now: {peak / 1e9:.1f} GFLOP/s")

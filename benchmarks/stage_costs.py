@@ -100,19 +100,24 @@ def table(costs: dict) -> str:
     return "\n".join(lines)
 
 
-def margins(points: list[tuple[int, float]]) -> tuple[float, float, float | None]:
+def margins(
+    points: list[tuple[int, float]], noise_s: float = 1.0
+) -> tuple[float, float, float | None]:
     """Points (tokens, seconds), smallest first: the fixed seconds and the seconds per million
     tokens of the line through the smallest and the largest, and the last pair's seconds per
     million tokens over the first pair's (None under three points). A stage's cost per token
     falls with size while a fixed cost (a process, a model load) is amortized; only a growing
-    margin means a cost that grows faster than the data."""
+    margin means a cost that grows faster than the data. A growth is reported only where it
+    adds more than ``noise_s`` seconds over the last pair of sizes: a job's start alone varies
+    by about that much, so a stage of a second or two would otherwise be flagged by jitter."""
     (n0, s0), (n1, s1) = points[0], points[-1]
     marginal = (s1 - s0) / (n1 - n0) * 1e6
     growth = None
     if len(points) > 2:
         first = (points[1][1] - s0) / (points[1][0] - n0)
         last = (s1 - points[-2][1]) / (n1 - points[-2][0])
-        growth = last / first if first > 0 else None
+        if first > 0 and (last - first) * (n1 - points[-2][0]) > noise_s:
+            growth = last / first
     return s0 - marginal * n0 / 1e6, marginal, growth
 
 

@@ -18,6 +18,8 @@
 # --loop-prompts P  MT-bench questions decoded by the transformers loop (the config's by default);
 #                SGLang serves all 80 (evaluate.sglang.prompts)
 # --repeats R    the transformers loop's interleaved timing passes (evaluate.repeats)
+# --questions Q  MT-bench's first Q questions only, held out and served (the config's 80 by
+#                default): a shorter run when the GPU's time is short
 # --also-dflash  then a DFlash drafter from the same stores and epochs (EAGLE-3's results are
 #                kept in RESULTS/eagle3/)
 # --cpu          the CPU rehearsal CI runs: configs/smollm2-cpu.yaml over the config (a few dozen
@@ -30,7 +32,7 @@
 # Results without the stores, weights and training data go to $OUT/smollm2-results.tar.gz (OUT default benchmarks/out/gpu-smollm2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pieces="" samples="" epochs="" loop_prompts="" repeats="" cores=16 cpu="" dflash=""
+pieces="" samples="" epochs="" loop_prompts="" repeats="" questions=80 cores=16 cpu="" dflash=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --pieces) pieces=$2; shift 2 ;;
@@ -38,6 +40,7 @@ while [ $# -gt 0 ]; do
     --epochs) epochs=$2; shift 2 ;;
     --loop-prompts) loop_prompts=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
+    --questions) questions=$2; shift 2 ;;
     --also-dflash) dflash=1; shift ;;
     --cores) cores=$2; shift 2 ;;
     --cpu) cpu=1; cores=2; shift ;;
@@ -69,10 +72,11 @@ python3 -c "import gguf, accelerate" ||
 
 overlay=$(mktemp --suffix .yaml)
 {
-  [ -n "$samples" ] && echo "dataset: {max_samples: {train: $samples, heldout: 80}}"
+  [ -n "$samples" ] && echo "dataset: {max_samples: {train: $samples, heldout: $questions}}"
+  [ -z "$samples" ] && [ "$questions" != 80 ] && echo "dataset: {max_samples: {heldout: $questions}}"
   [ -n "$epochs" ] && echo "train: {epochs: $epochs}"
-  [ -n "$loop_prompts$repeats" ] &&
-    echo "evaluate: {${loop_prompts:+prompts: $loop_prompts}${loop_prompts:+${repeats:+, }}${repeats:+repeats: $repeats}}"
+  [ -n "$loop_prompts$repeats" ] || [ "$questions" != 80 ] &&
+    echo "evaluate: {sglang: {prompts: $questions}${loop_prompts:+, prompts: $loop_prompts}${repeats:+, repeats: $repeats}}"
   true
 } >"$overlay"
 [ -s "$overlay" ] || echo "{}" >"$overlay"

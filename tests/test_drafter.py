@@ -368,3 +368,76 @@ def test_target_head_restricts_and_renormalizes():
     restricted = full[..., tokens] / full[..., tokens].sum(-1, keepdim=True)
     torch.testing.assert_close(probs, restricted, rtol=1e-9, atol=1e-12)
     assert torch.equal(greedy, full.argmax(-1))
+
+
+# ---------------------------------------------------------------------------------------------
+# the fused unroll attention against the joint softmax written out
+
+
+def joint_softmax_attention(q, cache):
+    """Row t: softmax over [step-0 keys 0..t, its own keys of steps 1..k], explicit mask."""
+    B, nh, T, hd = q.shape
+    keys = torch.cat([k for k, _ in cache], 2)  # (B, nh, (k+1) T, hd)
+    values = torch.cat([v for _, v in cache], 2)
+    s = q @ keys.transpose(-1, -2) / hd**0.5
+    t = torch.arange(T)
+    j = torch.arange(len(cache) * T)
+    step, col = j // T, j % T
+    seen = ((step == 0) & (col <= t[:, None])) | ((step > 0) & (col == t[:, None]))
+    return torch.softmax(s.masked_fill(~seen, float("-inf")), -1) @ values
+
+
+def attention_inputs(steps, dtype=torch.float64, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    B, nh, T, hd = 2, 4, 9, 8
+
+    def r():
+        return (scale * torch.randn(B, nh, T, hd, generator=g, dtype=torch.float64)).to(dtype)
+
+    return r(), [(r(), r()) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5])
+def test_unroll_attention_and_its_gradients_match_the_joint_softmax(steps):
+    from eyrie.train.model import unroll_attention
+
+    q, cache = attention_inputs(steps)
+    leaves = [q] + [x for kv in cache for x in kv]
+    for x in leaves:
+        x.requires_grad_(True)
+    grad = torch.randn_like(q)
+    fused = unroll_attention(q, cache)
+    want = joint_softmax_attention(q, cache)
+    torch.testing.assert_close(fused, want, rtol=1e-10, atol=1e-10)
+    got_grads = torch.autograd.grad(fused, leaves, grad)
+    want_grads = torch.autograd.grad(want, leaves, grad)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_unroll_attention_in_bf16_is_as_close_as_its_rounded_inputs_allow():
+    """bf16 as on a GPU: against the exact joint softmax of the same bf16-rounded inputs, the
+    error stays within a few bf16 steps of the output's size."""
+    from eyrie.train.model import unroll_attention
+
+    for seed in (3, 4):
+        q, cache = attention_inputs(3, scale=1.5, seed=seed)
+        cache16 = [(k.bfloat16(), v.bfloat16()) for k, v in cache]
+        want = joint_softmax_attention(
+            q.bfloat16().double(), [(k.double(), v.double()) for k, v in cache16]
+        )
+        got = unroll_attention(q.bfloat16(), cache16)
+        assert got.dtype == torch.bfloat16
+        err = (got.double() - want).abs().max().item()
+        assert err < 4 * 2**-8 * want.abs().max().item(), err
+
+
+def test_scored_only_logits_are_the_first_rows_of_the_full_ones():
+    model, embed = tiny_model()
+    aux, ids = batch(B=2, T=10)
+    with torch.no_grad():
+        full = model(aux, ids, lambda t: embed[t], 4)
+        scored = model(aux, ids, lambda t: embed[t], 4, scored_only=True)
+    for k in range(4):
+        assert scored[k].shape[1] == 10 - k - 2
+        torch.testing.assert_close(scored[k], full[k][:, : 10 - k - 2])

@@ -98,5 +98,5 @@ def forward_batch(model, head, batch: dict, steps: int, dtype, d2t, loss="soft")
     """The per-step terms of one batch (ttt_terms): target head, then the drafter's unroll."""
     probs, greedy = head.targets(batch["final_hidden"])
     with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None):
-        logits = model(batch["aux_hidden"], batch["input_ids"], head.embed, steps)
+        logits = model(batch["aux_hidden"], batch["input_ids"], head.embed, steps, scored_only=True)
     return ttt_terms(logits, probs, greedy, batch["loss_mask"], d2t, loss)

@@ -211,35 +211,58 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list) -> torch.Tensor:
         B, T, _ = x.shape
-        nkv, rep, hd = self.nkv, self.nh // self.nkv, self.hd
-        q = self.q_proj(x).view(B, T, self.nh, hd).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, nkv, hd).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, nkv, hd).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, hd, self.theta, q.dtype)
+        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, self.hd, self.theta, q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        cache.append((k, v))
+        rep = self.nh // self.nkv  # query head h reads kv head h // rep
+        cache.append((k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)))
+        out = unroll_attention(q, cache)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
-        # query heads grouped by the kv head they share: (B, nkv, rep, T, hd)
-        q = q.reshape(B, nkv, rep, T, hd) * (1.0 / math.sqrt(hd))
-        k0, v0 = cache[0]
-        s0 = (q.reshape(B, nkv, rep * T, hd) @ k0.transpose(-1, -2)).view(B, nkv, rep, T, T)
-        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        acc = wide(q.dtype)
-        s0 = s0.to(acc).masked_fill(future, float("-inf"))
-        own = [(q * kj[:, :, None]).sum(-1).to(acc) for kj, _ in cache[1:]]  # (B, nkv, rep, T)
-        # softmax over [step-0 keys 0..t, own drafts], written out to keep the T x T block uncopied
-        m = s0.amax(-1)
-        for sj in own:
-            m = torch.maximum(m, sj)
-        e0 = torch.exp(s0 - m[..., None])
-        den = e0.sum(-1)
-        out = (e0.to(v0.dtype).reshape(B, nkv, rep * T, T) @ v0).view(B, nkv, rep, T, hd).to(acc)
-        for sj, (_, vj) in zip(own, cache[1:], strict=True):
-            ej = torch.exp(sj - m)
-            den = den + ej
-            out = out + ej[..., None] * vj[:, :, None].to(acc)
-        out = (out / den[..., None]).to(x.dtype)
-        return self.o_proj(out.reshape(B, self.nh, T, hd).transpose(1, 2).reshape(B, T, -1))
+
+def unroll_attention(q: torch.Tensor, cache: list) -> torch.Tensor:
+    """Row t attends to step 0's keys 0..t and to its own keys of steps 1..k; (B, nh, T, hd).
+
+    One fused causal attention (scaled_dot_product_attention: no T x T scores kept for the
+    backward pass) does it all. Row t's own keys are folded into a single extra key, first in
+    the sequence, that every row sees: its score is row t's log-sum-exp b_t over its own
+    scores, carried by two extra query dims (the value high and low in q's dtype, so a bf16 q
+    keeps b to fp32 precision) against a key of ones there, and its value is a one in an
+    extra value dim. The fused softmax then gives w_t, the share of row t's own keys in the
+    joint softmax, in that dim; their values enter as w_t times their softmax-weighted mean.
+    A zero query row in front keeps the mask square and causal: row t+1 sees keys 0..t+1.
+    """
+    k0, v0 = cache[0]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if len(cache) == 1:
+        return F.scaled_dot_product_attention(q, k0, v0, is_causal=True, scale=scale)
+    acc = wide(q.dtype)
+    own = torch.stack([(q * kj).sum(-1).to(acc) * scale for kj, _ in cache[1:]])  # (k, B, nh, T)
+    lse = torch.logsumexp(own, 0)  # b_t
+    mean = sum(
+        w[..., None] * vj.to(acc)
+        for w, (_, vj) in zip(torch.softmax(own, 0), cache[1:], strict=True)
+    )
+    b = lse / scale
+    b_hi = b.to(q.dtype)
+    b_lo = (b - b_hi.to(acc)).to(q.dtype)
+    pad = 8  # extra dims: kernels want head dims in multiples of 8
+    q2 = F.pad(torch.stack([b_hi, b_lo], -1), (0, pad - 2))
+    query = F.pad(torch.cat([q, q2], -1), (0, 0, 1, 0))  # a zero row in front
+    extra = q.new_zeros(q.shape[0], q.shape[1], 1, q.shape[-1] + pad)
+    key = torch.cat([extra.index_fill(-1, _cols(q, 2), 1.0), F.pad(k0, (0, pad))], 2)
+    value = torch.cat([extra.index_fill(-1, _cols(q, 1), 1.0), F.pad(v0, (0, pad))], 2)
+    joint = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
+    hd = q.shape[-1]
+    share = joint[:, :, 1:, hd].to(acc)
+    return (joint[:, :, 1:, :hd].to(acc) + share[..., None] * mean).to(q.dtype)
+
+
+def _cols(q: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n extra dims' indices, after q's own head dims."""
+    return torch.arange(q.shape[-1], q.shape[-1] + n, device=q.device)
 
 
 class MLP(nn.Module):
@@ -339,10 +362,12 @@ class Drafter(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
 
-    def forward(self, aux, input_ids, embed, steps: int) -> list[torch.Tensor]:
+    def forward(self, aux, input_ids, embed, steps: int, scored_only=False) -> list[torch.Tensor]:
         """Draft logits of each unroll step, (B, T, draft_vocab) each; see the module docstring.
 
-        ``embed`` maps token ids to the target's (frozen) input embeddings.
+        ``embed`` maps token ids to the target's (frozen) input embeddings. ``scored_only``
+        keeps step k's first ``scored_rows(k, T)`` rows, the ones the loss reads: the head
+        then never makes the rows past them, nor their zero gradients in backward.
         """
         B, T = input_ids.shape
         positions = torch.arange(T, device=input_ids.device)
@@ -352,7 +377,7 @@ class Drafter(nn.Module):
         for k in range(steps):
             tokens = shift_left(input_ids, k + 1)  # row t gets x_{t+k+1}
             hidden = self.step(hidden, embed(tokens), positions + k, cache)
-            out.append(self.logits(hidden))
+            out.append(self.logits(hidden[:, : max(0, T - k - 2)] if scored_only else hidden))
         return out
 
 

@@ -239,7 +239,8 @@ def unroll_attention(q: torch.Tensor, cache: list) -> torch.Tensor:
     if len(cache) == 1:
         return F.scaled_dot_product_attention(q, k0, v0, is_causal=True, scale=scale)
     acc = wide(q.dtype)
-    own = torch.stack([(q * kj).sum(-1).to(acc) * scale for kj, _ in cache[1:]])  # (k, B, nh, T)
+    qa = q.to(acc)
+    own = torch.stack([(qa * kj.to(acc)).sum(-1) * scale for kj, _ in cache[1:]])  # (k, B, nh, T)
     lse = torch.logsumexp(own, 0)  # b_t
     mean = sum(
         w[..., None] * vj.to(acc)

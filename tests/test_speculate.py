@@ -498,3 +498,39 @@ def test_not_run_reasons():
     assert "capture.backend is 'hf'" in online.why_not("hf")
     if not torch.cuda.is_available():
         assert "no CUDA GPU" in online.why_not("sglang")
+
+
+def test_plain_greedy_records_the_top_two_logit_gap_of_each_new_token(tiny):
+    target, _, _ = tiny
+    prompt = PROMPTS[2]
+    gen = greedy_generate(target, prompt, 6)
+    ids = list(prompt)
+    for i, token in enumerate(gen.tokens):  # a cacheless forward per token, independently
+        with torch.no_grad():
+            logits = target.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
+        top = logits.topk(2).values
+        assert gen.margins[i] == pytest.approx(float(top[0] - top[1]), abs=1e-4)
+        ids.append(token)
+    assert len(gen.margins) == len(gen.tokens) == 6
+
+
+def test_first_difference_names_the_token_and_the_margin_there():
+    plain = Generation([5, 6, 7, 8], 1.0, margins=[3.0, 2.5, 0.01, 4.0])
+    same = Generation([5, 6, 7, 8], 1.0, [1, 1])
+    parted = Generation([5, 6, 9, 8], 1.0, [1, 1])
+    assert cmp.first_difference([(plain, same)]) is None
+    diff = cmp.first_difference([(plain, same), (plain, parted)])
+    assert diff == {"repeat": 1, "index": 2, "plain": 7, "spec": 9, "margin": 0.01}
+    short = cmp.first_difference([(plain, Generation([5, 6], 1.0))])
+    assert short == {"repeat": 0, "index": 2, "plain": 7, "spec": None, "margin": 0.01}
+    rows = rows_of(PAIR_PROMPTS[:1], [[(plain, parted)]])
+    assert summarize(rows, k=3)["difference_margins"] == [0.01]
+
+
+def test_the_summary_says_how_near_a_tie_each_difference_was():
+    from eyrie.evaluate.summary import difference_text
+
+    assert difference_text({"difference_margins": []}) == ""
+    assert difference_text({"difference_margins": [None]}) == ""
+    text = difference_text({"difference_margins": [0.5, 0.0625, None], "dtype": "bfloat16"})
+    assert "0.0625, 0.5 apart" in text and "bfloat16" in text

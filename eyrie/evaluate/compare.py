@@ -94,7 +94,7 @@ def decode_turns(
         raise SpeculateError(f"prompt {prompt['id']} has {1 + len(follow_ups)} turns: decoding "
                              "the later ones needs the target's tokenizer")  # fmt: skip
     messages = list(prompt["messages"])
-    tokens, seconds, accepted, turns = [], 0.0, [], []
+    tokens, seconds, accepted, turns, margins = [], 0.0, [], [], []
     for extra in [None, *follow_ups]:
         if extra is not None:
             messages += [{"role": "assistant", "content": answer_text(tokenizer, gen.tokens)}]
@@ -104,8 +104,9 @@ def decode_turns(
         tokens += gen.tokens
         seconds += gen.seconds
         accepted += gen.accepted
+        margins += gen.margins
         turns.append(len(gen.tokens))
-    return Generation(tokens, seconds, accepted, turns)
+    return Generation(tokens, seconds, accepted, turns, margins)
 
 
 def compare(
@@ -176,11 +177,33 @@ def rows_of(prompts: list[dict], runs: list[list[tuple[Generation, Generation]]]
                 "accepted": spec0.accepted,
                 "identical": all(a.tokens == plain0.tokens == b.tokens for a, b in pairs),
                 "identical_repeats": [a.tokens == b.tokens for a, b in pairs],
+                "first_difference": first_difference(pairs),
                 "plain_s_repeats": plain_s,
                 "spec_s_repeats": spec_s,
             }
         )
     return rows
+
+
+def first_difference(pairs: list[tuple[Generation, Generation]]) -> dict | None:
+    """Where the first repeat whose outputs differ parts: the new token's index, both tokens,
+    and plain greedy's top-1 minus top-2 logit there (``margin``; None where not recorded).
+    A margin within the dtype's rounding (bf16 keeps 8 bits) is a near tie that a verify pass
+    over several tokens may round the other way; a large one points at a fault."""
+    for repeat, (plain, spec) in enumerate(pairs):
+        if plain.tokens == spec.tokens:
+            continue
+        i = next(
+            (j for j, (a, b) in enumerate(zip(plain.tokens, spec.tokens, strict=False)) if a != b),
+            min(len(plain.tokens), len(spec.tokens)),
+        )
+        return {"repeat": repeat, "index": i, "plain": _at(plain.tokens, i),
+                "spec": _at(spec.tokens, i), "margin": _at(plain.margins, i)}  # fmt: skip
+    return None
+
+
+def _at(xs: list, i: int):
+    return xs[i] if i < len(xs) else None
 
 
 def _median(xs: list[float]) -> float:
@@ -235,6 +258,10 @@ def summarize(rows: list[dict], k: int) -> dict:
         "accepted_drafts_mean": sum(accepted) / steps if steps else float("nan"),
         "accept_histogram": hist,
         "identical": sum(bool(r["identical"]) for r in rows),
+        # plain greedy's top-two logit gap where each non-identical prompt's outputs part
+        "difference_margins": [
+            (r.get("first_difference") or {}).get("margin") for r in rows if not r["identical"]
+        ],
         "timing": "interleaved",  # plain and speculative back to back, prompt by prompt
         "repeats": repeats,
         "plain_first": [plain_first(j) for j in range(repeats)],

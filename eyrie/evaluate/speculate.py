@@ -29,6 +29,10 @@ class Generation:
     seconds: float
     accepted: list[int] = field(default_factory=list)  # drafts accepted per verify step
     turns: list[int] = field(default_factory=list)  # new tokens per turn; empty: one turn
+    # plain greedy only: the target's top-1 minus top-2 logit at each new token. Where a
+    # speculative output parts from greedy, this says whether the target nearly tied there
+    # (in bf16 a multi-token verify pass and a one-token step round differently)
+    margins: list[float] = field(default_factory=list)
 
     @property
     def verify_steps(self) -> int:
@@ -55,24 +59,34 @@ def cut_output(tokens: list[int], max_new: int, eos: set[int]) -> tuple[list[int
 
 
 def _prefill(target: Target, prompt: list[int]):
-    """Start the clock and run the prompt into a new cache: (t0, cache, [first token], aux)."""
+    """Start the clock and run the prompt into a new cache: (t0, cache, [first token], aux,
+    the first token's top_margin)."""
     sync_device(target.device)
     t0 = time.perf_counter()
     cache = target.new_cache()
     logits, aux = target.forward(prompt, cache)
-    return t0, cache, [int(logits[-1].argmax())], aux
+    return t0, cache, [int(logits[-1].argmax())], aux, top_margin(logits[-1])
+
+
+def top_margin(logits: torch.Tensor) -> torch.Tensor:
+    """The top-1 minus the top-2 logit of one row, as a 0-dim tensor (no device sync)."""
+    top = logits.float().topk(2).values
+    return top[0] - top[1]
 
 
 def greedy_generate(target: Target, prompt: list[int], max_new_tokens: int, eos=()) -> Generation:
     """Plain greedy decoding, one target pass per token over the same KV cache code path."""
     eos = set(eos)
-    t0, cache, out, _ = _prefill(target, prompt)
+    t0, cache, out, _, first_margin = _prefill(target, prompt)
+    margins = [first_margin]
     out, done = cut_output(out, max_new_tokens, eos)
     while not done:
         logits, _ = target.forward([out[-1]], cache)
+        margins.append(top_margin(logits[-1]))
         out, done = cut_output(out + [int(logits[-1].argmax())], max_new_tokens, eos)
     sync_device(target.device)
-    return Generation(out, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    return Generation(out, seconds, margins=[float(m) for m in margins[: len(out)]])
 
 
 def start_speculation(target: Target, drafter: DraftRunner, prompt, max_new_tokens: int, eos):
@@ -81,7 +95,7 @@ def start_speculation(target: Target, drafter: DraftRunner, prompt, max_new_toke
     if not prompt:
         raise SpeculateError("an empty prompt cannot be decoded")
     eos = set(eos)
-    t0, cache, out, aux = _prefill(target, prompt)
+    t0, cache, out, aux, _ = _prefill(target, prompt)
     drafter.reset()
     drafter.extend(aux, prompt[1:] + out, 0)
     out, done = cut_output(out, max_new_tokens, eos)

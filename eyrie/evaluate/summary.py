@@ -112,6 +112,16 @@ def speed(inp: Inputs) -> tuple[float | None, str, float | None, int | None]:
     return None, "not measured", None, None
 
 
+def difference_text(s: dict) -> str:
+    """Where outputs differ: the target's top-two logit gap where each first parts."""
+    gaps = [g for g in s.get("difference_margins") or [] if g is not None]
+    if not gaps:
+        return ""
+    shown = ", ".join(f"{g:.3g}" for g in sorted(gaps)[:5])
+    return (f" (where not, plain greedy's top two logits were {shown} apart at the first "
+            f"differing token, {s.get('dtype', '?')})")  # fmt: skip
+
+
 def repeats_text(s: dict) -> str:
     """'median of 3 interleaved repeats, 0.70-0.76×' for a record of interleaved repeats
     (eyrie/evaluate/compare.py); '' for an older record that timed one pass."""
@@ -268,7 +278,7 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
             f"speculative {_fmt(s.get('spec_tokens_per_s'), '.1f')} tok/s, "
             f"**{_fmt(s.get('speedup'))}×**{spread}; accept length {_fmt(s.get('accept_length'))} "
             f"with {shape_text(s)}; output identical to greedy on "
-            f"{s.get('identical')}/{s.get('prompts')} prompts",
+            f"{s.get('identical')}/{s.get('prompts')} prompts{difference_text(s)}",
         ]
     else:
         lines.append("- transformers loop: not run")

@@ -12,23 +12,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 from eyrie.train.model import unroll_attention
 
-
-def joint_softmax(q: torch.Tensor, cache: list) -> torch.Tensor:
-    """Row t: softmax over [step-0 keys 0..t, its own keys of steps 1..k], explicit mask."""
-    T, hd = q.shape[-2:]
-    keys = torch.cat([k for k, _ in cache], 2)
-    values = torch.cat([v for _, v in cache], 2)
-    s = q @ keys.transpose(-1, -2) / hd**0.5
-    t = torch.arange(T)
-    j = torch.arange(len(cache) * T)
-    step, col = j // T, j % T
-    seen = ((step == 0) & (col <= t[:, None])) | ((step > 0) & (col == t[:, None]))
-    return torch.softmax(s.masked_fill(~seen, float("-inf")), -1) @ values
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_drafter import joint_softmax_attention as joint_softmax  # noqa: E402  the reference
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:

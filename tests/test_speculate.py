@@ -534,3 +534,19 @@ def test_the_summary_says_how_near_a_tie_each_difference_was():
     assert difference_text({"difference_margins": [None]}) == ""
     text = difference_text({"difference_margins": [0.5, 0.0625, None], "dtype": "bfloat16"})
     assert "0.0625, 0.5 apart" in text and "bfloat16" in text
+
+
+def test_served_outputs_that_part_are_listed_with_the_token_index():
+    plain = [{"id": "a", "output_ids": [1, 2, 3], "seconds": 1.0},
+             {"id": "b", "output_ids": [4, 5, 6], "seconds": 1.0}]  # fmt: skip
+    spec = [{"id": "a", "output_ids": [1, 2, 3], "seconds": 0.5},
+            {"id": "b", "output_ids": [4, 9, 6], "seconds": 0.5}]  # fmt: skip
+    assert online.differences(plain, spec) == [{"id": "b", "index": 1, "plain": 5, "spec": 9}]
+    from eyrie.evaluate.summary import parted_text
+
+    assert parted_text([]) == ""
+    many = [{"id": str(i), "index": i, "plain": 1, "spec": 2} for i in range(6)]
+    assert (
+        parted_text(many) == "; outputs part: 0 at token 0, 1 at token 1, 2 at token 2, "
+        "3 at token 3 and 2 more"
+    )

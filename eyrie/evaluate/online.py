@@ -116,6 +116,24 @@ def generate(
     return {"output_ids": list(ids), "seconds": seconds, "meta_info": out.get("meta_info", {})}
 
 
+def differences(plain_rows: list[dict], spec_rows: list[dict]) -> list[dict]:
+    """Where each prompt's served outputs part: its id, the new token's index and both tokens
+    (eyrie.evaluate.compare.first_difference; the servers return no logits, so no margin)."""
+    from eyrie.evaluate.compare import first_difference
+    from eyrie.evaluate.speculate import Generation
+
+    out = []
+    for a, b in zip(plain_rows, spec_rows, strict=True):
+        pair = (
+            Generation(a["output_ids"], a["seconds"]),
+            Generation(b["output_ids"], b["seconds"]),
+        )
+        diff = first_difference([pair])
+        if diff is not None:
+            out.append({"id": a["id"], **{k: diff[k] for k in ("index", "plain", "spec")}})
+    return out
+
+
 def measure(url: str, prompts: list[dict], max_new_tokens: int, tag: str, tokenizer=None) -> dict:
     """Each prompt in turn (batch 1, as eyrie.evaluate.speculate), every turn of it: a later
     turn (MT-bench's second question) is asked after this server's own earlier answers
@@ -320,6 +338,7 @@ def _run_mode(
         spec = _serve(spec_command, log_dir / f"sglang-{name}.log", name=name, **serve)
         same = sum(a["output_ids"] == b["output_ids"]
                    for a, b in zip(plain["rows"], spec["rows"], strict=True))  # fmt: skip
+        parted = differences(plain["rows"], spec["rows"])
         speedup = None
         if plain["tokens_per_s"] and spec["tokens_per_s"]:
             speedup = spec["tokens_per_s"] / plain["tokens_per_s"]
@@ -331,6 +350,7 @@ def _run_mode(
                 "speedup": speedup,
                 "accept_length": spec["accept_length"],
                 "identical": same,
+                "differences": parted,
                 "spec": spec,
             }
         )

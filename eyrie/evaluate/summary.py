@@ -122,6 +122,15 @@ def difference_text(s: dict) -> str:
             f"differing token, {s.get('dtype', '?')})")  # fmt: skip
 
 
+def parted_text(differences) -> str:
+    """Served outputs that part from plain's: at which new token, the first few."""
+    if not differences:
+        return ""
+    shown = ", ".join(f"{d['id']} at token {d['index']}" for d in differences[:4])
+    more = f" and {len(differences) - 4} more" if len(differences) > 4 else ""
+    return f"; outputs part: {shown}{more}"
+
+
 def repeats_text(s: dict) -> str:
     """'median of 3 interleaved repeats, 0.70-0.76×' for a record of interleaved repeats
     (eyrie/evaluate/compare.py); '' for an older record that timed one pass."""
@@ -295,6 +304,7 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
                     f"{_fmt(d.get('accept_length'))}; identical outputs "
                     f"{d.get('identical')}/{m.get('prompts')}"
                     + (f" ({m['turns']} turns)" if m.get("turns") else "")
+                    + parted_text(d.get("differences"))
                 )
     else:
         reason = (o or {}).get("reason", "no record")

@@ -550,3 +550,16 @@ def test_served_outputs_that_part_are_listed_with_the_token_index():
         parted_text(many) == "; outputs part: 0 at token 0, 1 at token 1, 2 at token 2, "
         "3 at token 3 and 2 more"
     )
+
+
+def test_the_summary_warns_when_training_acc_runs_far_above_held_out():
+    import pandas as pd
+
+    from eyrie.evaluate.summary import overfit_lines
+
+    df = pd.DataFrame({"step": range(1, 21), "acc_0": [0.1] * 18 + [0.64, 0.68]})
+    assert overfit_lines(df, None) == []
+    assert overfit_lines(df, [0.55]) == []  # 0.66 over the last tenth, 11 points above
+    (line,) = overfit_lines(df, [0.315])
+    assert "acc_0 66 %" in line and "against 32 % held-out" in line
+    assert "dataset.max_samples" in line

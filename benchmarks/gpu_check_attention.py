@@ -64,10 +64,9 @@ def main() -> None:
     for hd, steps in ((64, 1), (64, 4), (128, 7)):
         for dtype in (torch.bfloat16, torch.float32):
             print(check(hd, steps, dtype, args.device), flush=True)
-    bench = [sys.executable, "benchmarks/bench_train.py", "--size", args.size]
-    bench += ["--device", args.device, "--batch-size", "2", "--len", "2048", "--steps", "5"]
-    if args.device == "cpu":
-        bench[-6:] = ["--batch-size", "2", "--len", "64", "--steps", "1"]
+    length, steps = ("2048", "5") if args.device == "cuda" else ("64", "1")  # a CPU rehearses
+    bench = [sys.executable, "benchmarks/bench_train.py", "--size", args.size, "--device"]
+    bench += [args.device, "--batch-size", "2", "--len", length, "--steps", steps]
     sys.exit(subprocess.run(bench, check=False).returncode)
 
 

@@ -60,33 +60,33 @@ def cut_output(tokens: list[int], max_new: int, eos: set[int]) -> tuple[list[int
 
 def _prefill(target: Target, prompt: list[int]):
     """Start the clock and run the prompt into a new cache: (t0, cache, [first token], aux,
-    the first token's top_margin)."""
+    the first token's logits)."""
     sync_device(target.device)
     t0 = time.perf_counter()
     cache = target.new_cache()
     logits, aux = target.forward(prompt, cache)
-    return t0, cache, [int(logits[-1].argmax())], aux, top_margin(logits[-1])
+    return t0, cache, [int(logits[-1].argmax())], aux, logits[-1]
 
 
-def top_margin(logits: torch.Tensor) -> torch.Tensor:
-    """The top-1 minus the top-2 logit of one row, as a 0-dim tensor (no device sync)."""
+def top_margin(logits: torch.Tensor) -> float:
+    """The top-1 minus the top-2 logit of one row."""
     top = logits.float().topk(2).values
-    return top[0] - top[1]
+    return float(top[0] - top[1])
 
 
 def greedy_generate(target: Target, prompt: list[int], max_new_tokens: int, eos=()) -> Generation:
     """Plain greedy decoding, one target pass per token over the same KV cache code path."""
     eos = set(eos)
-    t0, cache, out, _, first_margin = _prefill(target, prompt)
-    margins = [first_margin]
+    t0, cache, out, _, first = _prefill(target, prompt)
+    rows = [first.clone()]  # each token's logits, for its margin once the clock has stopped
     out, done = cut_output(out, max_new_tokens, eos)
     while not done:
         logits, _ = target.forward([out[-1]], cache)
-        margins.append(top_margin(logits[-1]))
+        rows.append(logits[-1])
         out, done = cut_output(out + [int(logits[-1].argmax())], max_new_tokens, eos)
     sync_device(target.device)
     seconds = time.perf_counter() - t0
-    return Generation(out, seconds, margins=[float(m) for m in margins[: len(out)]])
+    return Generation(out, seconds, margins=[top_margin(r) for r in rows[: len(out)]])
 
 
 def start_speculation(target: Target, drafter: DraftRunner, prompt, max_new_tokens: int, eos):

@@ -50,6 +50,7 @@ from torch import nn
 from eyrie.common.errors import DrafterError
 from eyrie.common.hf_config import text_config
 from eyrie.target.tensors import read_target_tensors
+from eyrie.train.loss import scored_rows
 
 # ---------------------------------------------------------------------------------------------
 # config
@@ -378,7 +379,7 @@ class Drafter(nn.Module):
         for k in range(steps):
             tokens = shift_left(input_ids, k + 1)  # row t gets x_{t+k+1}
             hidden = self.step(hidden, embed(tokens), positions + k, cache)
-            out.append(self.logits(hidden[:, : max(0, T - k - 2)] if scored_only else hidden))
+            out.append(self.logits(hidden[:, : scored_rows(k, T)] if scored_only else hidden))
         return out
 
 

@@ -85,16 +85,32 @@ def differences(plain: list[dict], spec: list[dict], prompts: dict[str, list[int
         ids = row.get("input_ids") or by_id[row["id"]].get("input_ids") or prompts.get(row["id"])
         if ids is None:
             raise InputError(f"no prompt ids for {row['id']!r}: give --prompts-jsonl")
+        turn = later_turn(row.get("turns"), pos)
         out.append(
             {
                 "id": row["id"],
                 "position": pos,
                 "plain_token": a[pos] if pos < len(a) else None,
                 "spec_token": b[pos] if pos < len(b) else None,
-                "context": [*map(int, ids), *a[:pos]],
+                # a later turn's context holds the next question too, which is not rebuilt here
+                "context": None if turn else [*map(int, ids), *a[:pos]],
+                "turn": turn + 1,
             }
         )
     return out
+
+
+def later_turn(turns, pos: int) -> int:
+    """The 0-based turn that output position `pos` falls in (rows of several turns list each
+    turn's new tokens in `turns`, and `output_ids` holds them one after another)."""
+    if not isinstance(turns, list):
+        return 0
+    end = 0
+    for i, n in enumerate(turns):
+        end += n
+        if pos < end:
+            return i
+    return max(len(turns) - 1, 0)
 
 
 @torch.no_grad()
@@ -102,6 +118,9 @@ def logit_gaps(model, diffs: list[dict]) -> list[dict]:
     """Each difference with the target's fp32 next-token logits after its context."""
     out = []
     for d in diffs:
+        if d["context"] is None:
+            out.append({k: v for k, v in d.items() if k != "context"})
+            continue
         ids = torch.tensor([d["context"]], dtype=torch.long, device=model.device)
         logits = model(input_ids=ids).logits[0, -1].float()
         top = torch.topk(logits, 2)
@@ -129,6 +148,13 @@ def table(recs: list[dict], prompts: int) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in recs:
+        if "gap" not in r:
+            lines.append(
+                f"| {r['id']} | {r['position']} (turn {r['turn']}) | {_tok(r['plain_token'])} | "
+                f"{_tok(r['spec_token'])} | not recomputed: a later turn's context holds the "
+                "next question | | | |"
+            )
+            continue
         emitted = r.get("emitted_gap")
         lines.append(
             f"| {r['id']} | {r['position']} | {_tok(r['plain_token'])} | {_tok(r['spec_token'])} "

@@ -17,6 +17,7 @@ rule prepare_dataset:
     params:
         format=config["dataset"]["format"],
         on_bad_input=config["dataset"]["on_bad_input"],
+        leading_assistant=config["dataset"]["leading_assistant"],
         max_samples=lambda wildcards: config["dataset"]["max_samples"].get(wildcards.split),
         max_tokens=config["dataset"]["max_tokens"],
         target=lambda wildcards, input: os.path.dirname(input.target),

@@ -24,4 +24,5 @@ with rule_log(sm, threads=False):
         max_tokens=sm.params.max_tokens,
         kept_problems_csv=Path(sm.log[0]).with_suffix(".problems.csv"),
         regenerate=sm.params.regenerate,
+        leading_assistant=sm.params.leading_assistant,
     )

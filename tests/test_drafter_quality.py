@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eyrie.evaluate.baselines import Rows, bigram, read_rows
+from eyrie.evaluate.baselines import Rows, bigram, context_lookup, read_rows
 from eyrie.train.loss import ttt_terms
 from eyrie.train.model import Drafter, DrafterConfig, RMSNorm
 
@@ -94,8 +94,8 @@ def test_read_rows_are_the_rows_acc0_scores(tmp_path):
             w.append(f"s{i}", ids, mask, aux, fin)
             samples.append((ids, mask, aux, fin))
         w.finish()
-    rows = read_rows([path], head, max_len=7)
-    want_tok, want_lab, want_aux = [], [], []
+    rows = read_rows([path], head, max_len=7, lookup=True)
+    want_tok, want_lab, want_aux, want_guess = [], [], [], []
     for ids, mask, aux, fin in samples:
         T = min(len(ids), 7)
         for t in range(T - 2):
@@ -103,9 +103,30 @@ def test_read_rows_are_the_rows_acc0_scores(tmp_path):
                 want_tok.append(int(ids[t + 1]))
                 want_lab.append(int((fin[t + 1].float() @ head.T).argmax()))
                 want_aux.append(aux[t].flatten())
+                want_guess.append(scan_lookup(ids[: t + 2].tolist(), 4))
+    assert rows.lookup.tolist() == want_guess
     assert rows.token.tolist() == want_tok
     assert rows.label.tolist() == want_lab
     assert torch.equal(rows.aux, torch.stack(want_aux))
+
+
+def scan_lookup(ctx: list[int], max_n: int) -> int:
+    """The reference: scan back for the longest suffix's most recent earlier occurrence."""
+    for n in range(min(max_n, len(ctx) - 1), 0, -1):
+        for j in range(len(ctx) - n - 1, -1, -1):
+            if ctx[j : j + n] == ctx[-n:]:
+                return ctx[j + n]
+    return -1
+
+
+@pytest.mark.parametrize("vocab,max_n", [(3, 4), (5, 2), (40, 4)])
+def test_context_lookup_against_a_plain_scan(vocab, max_n):
+    ids = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(vocab)).tolist()
+    ids += ids[50:120]  # a repeat, as a looping answer has
+    got = context_lookup(ids, max_n)
+    assert got == [scan_lookup(ids[: i + 1], max_n) for i in range(len(ids))]
+    if vocab == 40:  # 4-grams rarely recur by chance: inside the repeat each guess is right
+        assert got[-10:-1] == ids[-9:]
 
 
 def self_peak_fraction(model, x, cfg) -> float:

@@ -112,3 +112,15 @@ def test_outputs_that_end_early_and_bad_inputs():
         io_.rows_of({"rows": [{"id": "a"}]}, "f.json")
     with pytest.raises(io_.InputError, match="not 'eager'; pick with --mode"):
         io_.rows_of({"modes": {"cuda_graph": {}}}, "f.json", "eager", "plain")
+
+
+def test_a_difference_in_a_later_turn_is_named_not_recomputed():
+    plain = [{"id": "q", "input_ids": [1, 2], "turns": [3, 2], "output_ids": [5, 6, 7, 8, 9]}]
+    spec = [{"id": "q", "input_ids": [1, 2], "turns": [3, 2], "output_ids": [5, 6, 7, 8, 4]}]
+    (d,) = io_.differences(plain, spec, {})
+    assert d["position"] == 4 and d["turn"] == 2 and d["context"] is None
+    (r,) = io_.logit_gaps(None, [d])  # no forward pass for it
+    assert "| q | 4 (turn 2) | 9 | 4 | not recomputed" in io_.table([r], 1)
+    spec[0]["output_ids"] = [5, 3, 7, 8, 9]  # first turn: recomputed from prompt + plain[:1]
+    (d,) = io_.differences(plain, spec, {})
+    assert d["turn"] == 1 and d["context"] == [1, 2, 5]

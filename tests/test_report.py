@@ -218,6 +218,44 @@ def test_each_served_setting_is_reported_and_the_fastest_is_the_verdict(files):
     assert "identical outputs 80/80 (160 turns)" in summary
 
 
+def test_a_served_dflash_drafter_is_named_dflash_not_eagle3(files):
+    # the record evaluate_sglang writes for a DFlash export (H100 run of 2026-12-05)
+    online = {"status": "ok", "setting": "15-1-16", "draft_tokens": 15, "topk": 1,
+              "verify_tokens": 16, "algorithm": "DFLASH", "spec_tokens_per_s": 248.8,
+              "plain_tokens_per_s": 830.6, "speedup": 248.8 / 830.6, "accept_length": 1.15,
+              "identical": 1, "prompts": 24, "turns": 48, "mode": "cuda_graph"}  # fmt: skip
+    inp, written = write(files, 0.9, online)
+    summary = written["summary"].read_text()
+    assert summary.splitlines()[0].startswith(
+        "**SPECULATION IS SLOWER THAN PLAIN DECODING: 0.30×** (SGLang DFlash, 15 draft tokens"
+    )
+    assert "plain 830.6 tok/s, DFlash 248.8 tok/s" in summary
+    assert "EAGLE-3" not in summary
+    assert "SGLang DFlash 15-1-16, CUDA graphs" in written["landing"].read_text()
+
+
+def test_a_served_chain_stands_beside_the_offline_walk_and_a_gap_is_flagged(files):
+    ev = files / "evaluate"
+    acc = {**ACCEPTANCE, "walk_accept_length_by_draft_tokens": [1.33, 1.41, 1.43]}
+    (ev / "acceptance.json").write_text(json.dumps(acc))
+
+    def served(length, k=3, topk=1):
+        return {"status": "ok", "draft_tokens": k, "topk": topk, "verify_tokens": 16,
+                "accept_length": length, "spec_tokens_per_s": 432.6, "speedup": 0.52,
+                "plain_tokens_per_s": 831.4, "identical": 3, "prompts": 24,
+                "mode": "cuda_graph"}  # fmt: skip
+
+    summary = write(files, 0.9, served(1.389))[1]["summary"].read_text()
+    assert "spec_accept_length 1.39 (offline walk 1.43, served -0.04); identical" in summary
+    assert "apart" not in summary
+    summary = write(files, 0.9, served(1.60))[1]["summary"].read_text()
+    assert "(offline walk 1.43, served +0.17) **more than 0.1 apart" in summary
+    # a tree has no offline walk to stand beside; nor has a chain longer than the walk's
+    for rec in (served(1.72, k=3, topk=4), served(1.40, k=7)):
+        summary = write(files, 0.9, rec)[1]["summary"].read_text()
+        assert "offline walk 1" not in summary.split("## Speculative decoding")[1]
+
+
 def test_missing_inputs_still_give_a_report(tmp_path):
     inp = read_inputs(tmp_path / "none.json", None, None, None, None)
     written = build_report(inp, tmp_path / "r")
@@ -233,6 +271,15 @@ def test_baselines_stand_beside_acc0(tmp_path):
     text = summary_markdown(Inputs(acceptance=ACCEPTANCE, baselines=base))
     assert text.splitlines()[2].startswith("- acc_0 78 % (1-epoch probe 42 %, bigram 27 %): ")
     assert "| the drafter, acc_0 | 78 % |" in text
+    assert "context lookup" not in text  # a record from before the lookup baseline
+    base["lookup_acc"], base["lookup_max_n"] = 0.81, 4
+    text = summary_markdown(Inputs(acceptance=ACCEPTANCE, baselines=base))
+    assert ("| context lookup: the token after the last 4 to 1 tokens' most recent earlier "
+            "occurrence in the sample (no training) | 81 % |") in text  # fmt: skip
+    assert "**A lookup in the sample's own context beats the drafter:**" in text
+    base["lookup_acc"] = 0.40
+    text = summary_markdown(Inputs(acceptance=ACCEPTANCE, baselines=base))
+    assert "| 40 % |" in text and "beats the drafter" not in text
     assert "| MLP probe per position on [aux_t, embed(x_{t+1})], 1 epoch(s) | 42 % |" in text
     assert "does not beat" not in text
     weak = dict(ACCEPTANCE, acc=[0.3, 0.2, 0.1])

@@ -418,6 +418,40 @@ def test_online_serves_every_turn_and_each_setting_against_one_plain_run(tmp_pat
         online.served_settings(3, settings=[{"draft_tokens": 3, "topk": 4}])
 
 
+@pytest.mark.parametrize("ngram_starts", [True, False])
+def test_ngram_is_served_after_the_drafter_without_it_and_a_failed_start_keeps_the_rest(
+    tmp_path, ngram_starts
+):
+    from eyrie.evaluate.summary import Inputs, speed, summary_markdown
+
+    refuse = "" if ngram_starts else "if a.speculative_algorithm == 'NGRAM': sys.exit(3)\n"
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE.replace("child = subprocess", refuse + "child = subprocess", 1))
+    prompts = [{"id": "a", "input_ids": [1, 2, 3]}]
+    settings = [{"algorithm": "NGRAM", "draft_tokens": 7}, {"draft_tokens": 3}]
+    rec = online.measure_servers(tmp_path, tmp_path / "draft", prompts, max_new_tokens=6,
+                                 draft_tokens=1, log_dir=tmp_path / "logs", launch_timeout=30,
+                                 settings=settings,
+                                 server_args=["--pid-file", str(tmp_path / "pids")],
+                                 launcher=[sys.executable, str(script)])  # fmt: skip
+    assert [s["setting"] for s in rec["settings"]] == ["3-1-4", "7-1-8"]
+    assert rec["setting"] == "3-1-4" and rec["algorithm"] == "EAGLE3"  # the headline
+    log = (tmp_path / "logs" / "sglang-ngram-7-1-8.log").read_text()
+    assert "--speculative-algorithm NGRAM --speculative-num-draft-tokens 8" in log
+    assert "--speculative-draft-model-path" not in log  # no drafter
+    ngram = rec["settings"][1]
+    if ngram_starts:
+        assert ngram["accept_length"] == pytest.approx(2.5) and ngram["speedup"] > 1.0
+        # a faster NGRAM still does not become the drafter's verdict
+        ngram["speedup"] = 9.0
+        assert speed(Inputs(online={"status": "ok", **rec}))[1].startswith("SGLang EAGLE-3")
+    else:
+        assert ngram["status"] == "failed" and "exited" in ngram["reason"].lower()
+        assert rec["settings"][0]["speedup"] > 1.0
+        text = summary_markdown(Inputs(online={"status": "ok", **rec}))
+        assert "NGRAM lookup (no drafter)): not served: " in text
+
+
 def test_online_measures_each_cuda_graph_mode_and_names_it(tmp_path):
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE)

@@ -7,7 +7,7 @@ import sys
 
 
 def add_arguments(parser) -> None:
-    from eyrie.data.dataset import FORMATS, POLICIES
+    from eyrie.data.dataset import FORMATS, LEADING_ASSISTANT, POLICIES
 
     parser.add_argument(
         "path",
@@ -22,6 +22,13 @@ def add_arguments(parser) -> None:
         action="store_true",
         help="as with regenerate.enabled: true: a conversation without an assistant turn is a "
         "prompt the target will answer, not a bad line",
+    )
+    parser.add_argument(
+        "--leading-assistant",
+        default="drop",
+        choices=LEADING_ASSISTANT,
+        help="as dataset.leading_assistant: drop an assistant turn before the first user turn, "
+        "or count the conversation as a bad line (assistant_first)",
     )
     parser.add_argument(
         "--on-bad-input",
@@ -50,7 +57,7 @@ def check_dataset(args) -> int:
 
     try:
         convs, problems = read_chat(
-            args.path, fmt=args.format, on_bad="skip", key=None, prompts_ok=args.regenerate
+            args.path, args.format, "skip", None, args.regenerate, args.leading_assistant
         )
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -68,7 +75,9 @@ def check_dataset(args) -> int:
         problems = sorted(problems + unfit, key=lambda p: p.record)
     for problem in problems:
         print(problem.describe())
-    print(summary(args.path, convs, problems), flush=True)
+    opened = sum("dropped_leading_turns" in c.extra for c in convs)
+    tail = f"; {opened} opened with an assistant turn, dropped" if opened else ""
+    print(summary(args.path, convs, problems) + tail, flush=True)
     if not convs:
         print(f"error: {nothing_usable(args.path, None, problems)}", file=sys.stderr)
         return 1

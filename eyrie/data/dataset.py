@@ -43,6 +43,7 @@ from eyrie.data.json_stream import ArrayReader, starts_array
 from eyrie.data.records import FORMATS, Bad, decode_line, parse_record
 
 POLICIES = ("skip", "fail")
+LEADING_ASSISTANT = ("drop", "bad")
 NOTICE_KINDS = frozenset({"blank_line"})
 PROBLEM_COLUMNS = ["path", "line", "record", "offset", "kind", "reason", "sample_id"]
 SKIP_HINT = "set dataset.on_bad_input: skip to count and skip such lines"
@@ -146,6 +147,7 @@ def iter_chat(
     on_bad: str = "skip",
     key: str | None = "dataset.train / dataset.heldout",
     prompts_ok: bool = False,
+    leading_assistant: str = "drop",
 ):
     """A Conversation or a Problem for every record of a chat file, in file order, as an
     iterator: a caller that stops taking records stops the reading (close it, or let it go).
@@ -155,19 +157,22 @@ def iter_chat(
     config key that names this file, quoted when it is missing (None: the path is not from a
     config). Under `on_bad="fail"` the first bad record raises DatasetError; notices (blank
     lines) never do. `prompts_ok` (regenerate.enabled) keeps a conversation without an
-    assistant turn: the target will answer its user turns.
+    assistant turn: the target will answer its user turns. `leading_assistant`
+    (dataset.leading_assistant) "drop" removes assistant turns before the first user turn
+    (eyrie/data/records.py, drop_leading_assistant); "bad" leaves them to be refused.
     """
     _check_choice(fmt, FORMATS, "dataset.format")
     _check_choice(on_bad, POLICIES, "dataset.on_bad_input")
+    _check_choice(leading_assistant, LEADING_ASSISTANT, "dataset.leading_assistant")
     path = Path(path)
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
         fix = f"set {key} in the config to a chat file" if key else "check the path"
         raise DatasetError(f"dataset file {path} {what}; {fix}")
-    return _records(path, fmt, on_bad, prompts_ok)  # checked now, read as it is taken
+    return _records(path, fmt, on_bad, prompts_ok, leading_assistant)  # read as it is taken
 
 
-def _records(path: Path, fmt: str, on_bad: str, prompts_ok: bool):
+def _records(path: Path, fmt: str, on_bad: str, prompts_ok: bool, leading_assistant: str):
     stem, shown = path.stem, str(path)
     first: dict[str, str] = {}  # id -> where it was first used
     for line, element, offset, value in (_array if is_array(path) else _jsonl)(path):
@@ -175,7 +180,9 @@ def _records(path: Path, fmt: str, on_bad: str, prompts_ok: bool):
         try:
             if isinstance(value, Bad):
                 raise value
-            sid, messages, extra = parse_record(value, fmt, stem, number, prompts_ok)
+            sid, messages, extra = parse_record(
+                value, fmt, stem, number, prompts_ok, leading_assistant
+            )
             if sid in first:
                 raise Bad("duplicate_id", f"id already used {first[sid]}; ids must be unique", sid)
         except Bad as bad:
@@ -194,12 +201,13 @@ def read_chat(
     on_bad: str = "skip",
     key: str | None = "dataset.train / dataset.heldout",
     prompts_ok: bool = False,
+    leading_assistant: str = "drop",
 ) -> tuple[list[Conversation], list[Problem]]:
     """Every good conversation of a chat file, and a Problem for every other record
     (`iter_chat` says how)."""
     convs: list[Conversation] = []
     problems: list[Problem] = []
-    for item in iter_chat(path, fmt, on_bad, key, prompts_ok):
+    for item in iter_chat(path, fmt, on_bad, key, prompts_ok, leading_assistant):
         (convs if isinstance(item, Conversation) else problems).append(item)
     return convs, problems
 
@@ -298,6 +306,7 @@ def prepare(
     max_tokens: int | None = None,
     kept_problems_csv: str | Path | None = None,
     regenerate: bool = False,
+    leading_assistant: str = "drop",
 ) -> dict:
     """Normalize a chat file for one split: the first `max_samples` good conversations (file
     order) as messages JSONL, and every problem met as CSV. Returns the counts it prints.
@@ -308,7 +317,9 @@ def prepare(
     tokenized with its chat template as extraction will (`unfit`): one whose prompt alone fills
     `max_tokens`, or that the template cannot render, is a bad line. `regenerate`
     (regenerate.enabled) keeps conversations without an assistant turn (prompts the target
-    will answer). A split left with no conversation is a DatasetError (and `dst_jsonl` is not
+    will answer). `leading_assistant` (dataset.leading_assistant) as `iter_chat` says; the
+    conversations that lost a leading assistant turn are counted (leading_assistant_dropped)
+    and each written row says so (dropped_leading_turns). A split left with no conversation is a DatasetError (and `dst_jsonl` is not
     written); its problems table then goes to `kept_problems_csv` when given (Snakemake removes
     a failed job's outputs, but keeps its logs).
     """
@@ -320,10 +331,10 @@ def prepare(
         from eyrie.target.load import load_tokenizer
 
         tokenizer = load_tokenizer(target)
-    kept = prompts_only = 0
+    kept = prompts_only = opened_by_assistant = 0
     problems: list[Problem] = []
     stopped = False
-    records = iter_chat(src, fmt, on_bad, key, prompts_ok=regenerate)
+    records = iter_chat(src, fmt, on_bad, key, regenerate, leading_assistant)
     with atomic_path(dst_jsonl) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as out:
         with closing(records):
             for item in records:
@@ -337,6 +348,7 @@ def prepare(
                 out.write(message_row(item, src))
                 kept += 1
                 prompts_only += not _answered(item)
+                opened_by_assistant += "dropped_leading_turns" in item.extra
                 if max_samples is not None and kept >= max_samples:
                     stopped = True
                     break  # what follows is not written: it is not read
@@ -355,11 +367,15 @@ def prepare(
         "blank_lines": len(problems) - len(bad),
         "by_kind": count_kinds(bad),
         "prompts_only": prompts_only,
+        "leading_assistant_dropped": opened_by_assistant,
         "read_to_end": not stopped,
     }
     text = summary(src, kept, problems)
     if prompts_only:
         text += f" ({prompts_only} without an answer: the target will answer them)"
+    if opened_by_assistant:
+        text += (f"; {opened_by_assistant} opened with an assistant turn, dropped "
+                 "(dataset.leading_assistant: drop)")  # fmt: skip
     if stopped:
         text += f"; max_samples ({max_samples}) reached, the rest of the file is not read"
     print(f"{text}; wrote {kept} to {dst_jsonl}", flush=True)

@@ -185,12 +185,20 @@ def decode_line(raw: bytes) -> object:
 
 
 def parse_record(
-    obj: object, fmt: str, stem: str, number: int, prompts_ok: bool = False
+    obj: object,
+    fmt: str,
+    stem: str,
+    number: int,
+    prompts_ok: bool = False,
+    leading_assistant: str = "drop",
 ) -> tuple[str, list[dict], dict]:
     """(id, normalized messages, extra fields kept) of one record; raises Bad with the problem.
 
     `number` names a record without an id (STEM-NUMBER); `prompts_ok` keeps a conversation
-    without an assistant turn (regeneration answers it)."""
+    without an assistant turn (regeneration answers it). `leading_assistant` "drop" removes
+    assistant turns that come before the first user turn (`drop_leading_assistant`), and extra
+    then counts them (dropped_leading_turns); "bad" leaves them for the chat template, which
+    refuses them (assistant_first)."""
     if not isinstance(obj, dict):
         raise Bad("not_an_object", f"a JSON {type(obj).__name__}, not an object")
     try:
@@ -202,10 +210,26 @@ def parse_record(
         if no_form is not None:
             raise no_form
         messages = [_normalize_turn(t, i, form) for i, t in enumerate(_turns(obj, form))]
+        dropped = 0
+        if leading_assistant == "drop":
+            messages, dropped = drop_leading_assistant(messages)
         _check_answers(messages, prompts_ok)
         _check_unicode(sid, messages, {"messages": "content", "sharegpt": "value"}.get(form, "turn"))
     except Bad as bad:
         bad.sample_id = sid.encode("utf-8", "backslashreplace").decode("utf-8")  # printable
         raise
     extra = {k: obj[k] for k in EXTRA_KEYS if isinstance(obj.get(k), str)}
+    if dropped:
+        extra["dropped_leading_turns"] = dropped
     return sid, messages, extra
+
+
+def drop_leading_assistant(messages: list[dict]) -> tuple[list[dict], int]:
+    """The messages without the assistant turns before the first user turn, and how many there
+    were. ShareGPT's split file cuts long conversations into parts, and a later part opens with
+    the assistant's continuation: an answer whose question is in another record. FastChat,
+    EAGLE and SpecForge drop that turn and keep the rest; so does Eyrie by default."""
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
+    keep = [m for m in messages[:first_user] if m["role"] != "assistant"]
+    dropped = first_user - len(keep)
+    return (keep + messages[first_user:], dropped) if dropped else (messages, 0)

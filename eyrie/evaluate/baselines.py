@@ -7,6 +7,10 @@ y" already gets a good share of it on chat data. So every run measures, beside t
   stores; a token never seen falls back to the most frequent label).
 - probe: a 2-layer MLP per position on [aux_t, embed(x_{t+1})], exactly the drafter's step-0
   inputs but without attention over the context; ``with_final`` adds final_t too.
+- context lookup: no training; the token that followed the most recent earlier occurrence of
+  the last LOOKUP_MAX_N (down to 1) tokens, in the sample itself (prompt lookup decoding,
+  SGLang's NGRAM drafts). A target that repeats itself hands this one most of its tokens; a
+  drafter below it has not learned to copy from its context.
 
 Rows and targets are the drafter's (eyrie/train/model.py): row t feeds token x_{t+1} with the
 target's states at t and is right when it names greedy[t+1] = argmax(lm_head(final_{t+1})),
@@ -26,6 +30,8 @@ from torch import nn
 from eyrie.common.errors import EyrieError
 from eyrie.common.progress import bar
 
+LOOKUP_MAX_N = 4  # longest suffix looked up; prompt lookup decoding's usual 3-4
+
 
 class BaselineError(EyrieError, ValueError):
     """Stores that give the baselines nothing to score; the message names them and the fix."""
@@ -39,18 +45,39 @@ class Rows:
     final: torch.Tensor  # (n, H) final_t
     token: torch.Tensor  # (n,) x_{t+1}
     label: torch.Tensor  # (n,) greedy[t+1], a target id
+    lookup: torch.Tensor | None = None  # (n,) the context lookup's guess at greedy[t+1]; -1: none
 
     def __len__(self) -> int:
         return len(self.label)
 
 
+def context_lookup(ids: list[int], max_n: int = LOOKUP_MAX_N) -> list[int]:
+    """guess[i]: the token after ids[: i + 1] by lookup, -1 when nothing matches. The longest
+    suffix (max_n tokens down to 1) that occurred before, ending earlier, names the token that
+    followed its most recent occurrence. One pass, a dict of n-grams: O(len(ids) * max_n)."""
+    after: dict[tuple, int] = {}  # n-gram -> index of the token that followed it last
+    guess = []
+    for i in range(len(ids)):
+        found = -1
+        for n in range(min(max_n, i + 1), 0, -1):
+            j = after.get(tuple(ids[i + 1 - n : i + 1]))
+            if j is not None:
+                found = ids[j]
+                break
+        guess.append(found)
+        for n in range(1, min(max_n, i + 1) + 1):  # seen from the next position on
+            after[tuple(ids[i + 1 - n : i + 1])] = i + 1
+    return guess
+
+
 @torch.no_grad()
-def read_rows(store_paths, lm_head: torch.Tensor, max_len: int) -> Rows:
-    """Every scored step-0 row of the stores (samples cut to ``max_len`` tokens, as training)."""
+def read_rows(store_paths, lm_head: torch.Tensor, max_len: int, lookup: bool = False) -> Rows:
+    """Every scored step-0 row of the stores (samples cut to ``max_len`` tokens, as training);
+    ``lookup`` also gives each row the context lookup's guess."""
     from eyrie.store.shard import ShardReader
 
     head = lm_head.float()
-    aux, final, token, label = [], [], [], []
+    aux, final, token, label, guesses = [], [], [], [], []
     for path in store_paths:
         reader = ShardReader(path)
         for i in range(len(reader)):
@@ -64,6 +91,9 @@ def read_rows(store_paths, lm_head: torch.Tensor, max_len: int) -> Rows:
             final.append(s["final_hidden"][: T - 2][keep])
             token.append(s["input_ids"][1 : T - 1][keep])
             label.append(greedy[keep])
+            if lookup:  # row t has seen x_0..x_{t+1}: guess index t + 1
+                guess = torch.tensor(context_lookup(s["input_ids"][: T - 1].tolist()))
+                guesses.append(guess[1:][keep])
     if not label:
         names = ", ".join(str(p) for p in store_paths) or "(no stores)"
         raise BaselineError(
@@ -72,7 +102,10 @@ def read_rows(store_paths, lm_head: torch.Tensor, max_len: int) -> Rows:
             "stored no usable sample. Its extraction errors tables and the dataset's problems "
             "table (results/data/) say why; fix the dataset and rerun"
         )
-    return Rows(torch.cat(aux), torch.cat(final), torch.cat(token), torch.cat(label))
+    rows = Rows(torch.cat(aux), torch.cat(final), torch.cat(token), torch.cat(label))
+    if lookup:
+        rows.lookup = torch.cat(guesses)
+    return rows
 
 
 def bigram(train: Rows, heldout: Rows, vocab_size: int) -> float:
@@ -179,11 +212,13 @@ def measure(
     embed = embed.float()
     t0 = time.time()
     train = read_rows(train_stores, lm_head, max_len)
-    held = read_rows(heldout_stores, lm_head, max_len)
+    held = read_rows(heldout_stores, lm_head, max_len, lookup=True)
     out = {
         "scored_train": len(train),
         "scored_heldout": len(held),
         "bigram_acc": bigram(train, held, embed.shape[0]),
+        "lookup_acc": float((held.lookup == held.label).float().mean()),
+        "lookup_max_n": LOOKUP_MAX_N,
         "read_s": time.time() - t0,
     }
     kw = dict(epochs=probe_epochs, width=probe_width, progress=progress)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eyrie.common.atomic import atomic_path
-from eyrie.evaluate.summary import Inputs, _nan, extraction_line, shape_text, speed
+from eyrie.evaluate.summary import Inputs, _nan, extraction_line, method_text, shape_text, speed
 
 
 def _plt():
@@ -172,7 +172,7 @@ def fig_speed(inp: Inputs, path: Path) -> None:
         bars += [(f"speculative\n(transformers, {dev})", s["spec_tokens_per_s"], "C0")]
     if o.get("status") == "ok":
         bars += [("plain\n(SGLang)", o["plain_tokens_per_s"], "C7")]
-        bars += [("EAGLE-3\n(SGLang)", o["spec_tokens_per_s"], "C2")]
+        bars += [(f"{method_text(o)}\n(SGLang)", o["spec_tokens_per_s"], "C2")]
     if bars:
         b = ax1.bar(range(len(bars)), [v for _, v, _ in bars], color=[c for *_, c in bars])
         ax1.bar_label(b, fmt="%.0f", fontsize=8)

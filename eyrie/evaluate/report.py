@@ -22,6 +22,7 @@ from eyrie.evaluate.summary import (
     Inputs,
     _fmt,
     key_numbers,
+    method_text,
     read_inputs,
     summary_markdown,
     verdict,
@@ -79,8 +80,8 @@ def speed_rows(inp: Inputs) -> list[list[str]]:
             shown = {"cuda_graph": "CUDA graphs"}.get(mode, mode)
             for d in m.get("settings") or [m]:
                 cells = _speed_cells({**m, **d}, d.get("identical"), m.get("prompts"))
-                rows.append([f"SGLang EAGLE-3 {d.get('setting', '')}, {shown}".replace(" ,", ",")]
-                            + cells)  # fmt: skip
+                name = f"SGLang {method_text(d)} {d.get('setting', '')}, {shown}"
+                rows.append([name.replace(" ,", ",")] + cells)
     return rows
 
 

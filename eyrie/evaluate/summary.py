@@ -79,6 +79,35 @@ def _nan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
+def method_text(rec: dict) -> str:
+    """The drafter a served record measured: SGLang's algorithm name as the report writes it."""
+    names = {"DFLASH": "DFlash", "NGRAM": "NGRAM lookup (no drafter)"}
+    return names.get(str(rec.get("algorithm", "EAGLE3")).upper(), "EAGLE-3")
+
+
+WALK_TOLERANCE = 0.1  # served and offline accept length of one drafter on the same questions
+
+
+def walk_text(served: dict, acceptance: dict | None) -> str:
+    """A served chain's accept length beside the offline decoding walk of the same drafter at the
+    same draft count: they measure one thing, so a gap past WALK_TOLERANCE points at the export
+    (layer ids, vocab map) or at prompts that are not the held-out ones."""
+    walk = (acceptance or {}).get("walk_accept_length_by_draft_tokens") or []
+    k, length = served.get("draft_tokens"), served.get("accept_length")
+    if int(served.get("topk") or 1) != 1 or not k or length is None or len(walk) < k:
+        return ""
+    if served.get("algorithm") == "NGRAM":  # the walk is the drafter's
+        return ""
+    gap = length - walk[k - 1]
+    text = f" (offline walk {walk[k - 1]:.2f}, served {gap:+.2f})"
+    if abs(gap) > WALK_TOLERANCE:
+        text += (
+            f" **more than {WALK_TOLERANCE} apart: check that SGLang serves the held-out "
+            "questions (evaluate.sglang.prompts) and the export's layer ids and vocab map**"
+        )
+    return text
+
+
 def shape_text(rec: dict) -> str:
     """How a decoding record drafted: "3 draft tokens" (a chain) or the tree's shape."""
     k, topk = rec.get("draft_tokens"), int(rec.get("topk") or 1)
@@ -95,10 +124,11 @@ def speed(inp: Inputs) -> tuple[float | None, str, float | None, int | None]:
     o = inp.online or {}
     if o.get("status") == "ok" and o.get("speedup"):
         # several drafts served (evaluate.sglang.settings): the fastest is the verdict's
-        o = {**o, **max(o.get("settings") or [o], key=lambda s: s.get("speedup") or 0.0)}
+        drafters = [s for s in o.get("settings") or [o] if s.get("algorithm") != "NGRAM"]
+        o = {**o, **max(drafters or [o], key=lambda s: s.get("speedup") or 0.0)}
         k = o.get("draft_tokens")
         mode = {"cuda_graph": "CUDA graphs", "eager": "eager"}.get(o.get("mode"), "eager")
-        where = f"SGLang EAGLE-3, {shape_text(o)}, {mode}"
+        where = f"SGLang {method_text(o)}, {shape_text(o)}, {mode}"
         return float(o["speedup"]), where, o.get("accept_length"), k
     s = inp.speculate or {}
     if s.get("speedup") is not None and not _nan(s["speedup"]):
@@ -296,12 +326,17 @@ def summary_markdown(inp: Inputs, figures: dict[str, Path] | None = None) -> str
         for mode, m in (o.get("modes") or {o.get("mode", "eager"): o}).items():
             shown = {"cuda_graph": "CUDA graphs", "eager": "eager, --disable-cuda-graph"}
             for d in m.get("settings") or [m]:
+                if d.get("status") == "failed":
+                    lines.append(f"- SGLang online ({shown.get(mode, mode)}, {method_text(d)}): "
+                                 f"not served: {d.get('reason')}")  # fmt: skip
+                    continue
                 lines.append(
                     f"- SGLang online ({shown.get(mode, mode)}, {shape_text(d)}): plain "
-                    f"{_fmt(m.get('plain_tokens_per_s'), '.1f')} tok/s, EAGLE-3 "
+                    f"{_fmt(m.get('plain_tokens_per_s'), '.1f')} tok/s, {method_text(d)} "
                     f"{_fmt(d.get('spec_tokens_per_s'), '.1f')} tok/s, "
                     f"**{_fmt(d.get('speedup'))}×**; spec_accept_length "
-                    f"{_fmt(d.get('accept_length'))}; identical outputs "
+                    f"{_fmt(d.get('accept_length'))}{walk_text(d, inp.acceptance)}; "
+                    "identical outputs "
                     f"{d.get('identical')}/{m.get('prompts')}"
                     + (f" ({m['turns']} turns)" if m.get("turns") else "")
                     + parted_text(d.get("differences"))
@@ -356,6 +391,11 @@ def baseline_lines(inp: Inputs) -> list[str]:
         if b.get(key):
             p = b[key]
             rows.append((f"MLP probe per position on {inputs}, {p['epochs']} epoch(s)", p["acc"]))
+    lookup = b.get("lookup_acc")
+    if lookup is not None:
+        n = b.get("lookup_max_n", "?")
+        rows.append((f"context lookup: the token after the last {n} to 1 tokens' most recent "
+                     "earlier occurrence in the sample (no training)", lookup))  # fmt: skip
     lines = [
         f"## Drafter vs baselines (step 0, {b['scored_heldout']} held-out rows, same rows)",
         "",
@@ -366,4 +406,11 @@ def baseline_lines(inp: Inputs) -> list[str]:
     probe = (b.get("probe") or {}).get("acc")
     if acc0 is not None and probe is not None and acc0 <= probe:
         lines += ["", "**The drafter does not beat a probe without context on its own inputs.**"]
+    if acc0 is not None and lookup is not None and acc0 < lookup:
+        lines += [
+            "",
+            "**A lookup in the sample's own context beats the drafter:** the target repeats "
+            "itself, and the drafter has not learned to copy (more conversations or training "
+            "steps). Prompt lookup (SGLang's NGRAM speculation) drafts this way with no drafter.",
+        ]
     return lines + [""]

@@ -138,9 +138,14 @@ def online_command(
     """The online server's command; with `draft_path`, EAGLE-3 with `draft_tokens` draft steps:
     a chain by default, a tree of `topk` branches per step verifying `verify_tokens` tokens
     (SGLang's --speculative-num-draft-tokens; a chain verifies draft_tokens + 1). With
-    `algorithm` DFLASH, a DFlash block of draft_tokens + 1 (its drafts are one chain)."""
+    `algorithm` DFLASH, a DFlash block of draft_tokens + 1 (its drafts are one chain). With
+    `algorithm` NGRAM, no drafter: SGLang drafts by lookup in the context (its trie and BFS
+    over matches), verifying `verify_tokens` (draft_tokens + 1 by default) per pass."""
     flags = list(server_args)
-    if draft_path is not None and algorithm == "DFLASH":
+    if algorithm == "NGRAM":
+        verify = verify_tokens or draft_tokens + 1
+        flags += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(verify)]
+    elif draft_path is not None and algorithm == "DFLASH":
         flags += [
             "--speculative-algorithm",
             "DFLASH",

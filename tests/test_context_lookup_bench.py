@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lookup_reference import scan_lookup
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "context_lookup.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))  # its `import common`
@@ -19,13 +21,6 @@ _spec.loader.exec_module(bench)
 def simulated_walk(ids, mask, k):
     """Decode each answer span: draft by scanning the true prefix, accept while right."""
 
-    def scan(ctx):
-        for n in range(min(4, len(ctx) - 1), 0, -1):
-            for j in range(len(ctx) - n - 1, -1, -1):
-                if ctx[j : j + n] == ctx[-n:]:
-                    return ctx[j + n]
-        return -1
-
     tokens = steps = 0
     p = 0
     while p < len(ids):
@@ -34,7 +29,7 @@ def simulated_walk(ids, mask, k):
             continue
         drafts, ctx = [], list(ids[:p])
         for _ in range(k):  # a real chain drafts on its own guesses
-            drafts.append(scan(ctx))
+            drafts.append(scan_lookup(ctx))
             ctx.append(drafts[-1])
         accepted = 0
         for d in drafts:

@@ -7,6 +7,7 @@ import collections
 import pytest
 import torch
 import torch.nn.functional as F
+from lookup_reference import scan_lookup
 
 from eyrie.evaluate.baselines import Rows, bigram, context_lookup, read_rows
 from eyrie.train.loss import ttt_terms
@@ -108,15 +109,6 @@ def test_read_rows_are_the_rows_acc0_scores(tmp_path):
     assert rows.token.tolist() == want_tok
     assert rows.label.tolist() == want_lab
     assert torch.equal(rows.aux, torch.stack(want_aux))
-
-
-def scan_lookup(ctx: list[int], max_n: int) -> int:
-    """The reference: scan back for the longest suffix's most recent earlier occurrence."""
-    for n in range(min(max_n, len(ctx) - 1), 0, -1):
-        for j in range(len(ctx) - n - 1, -1, -1):
-            if ctx[j : j + n] == ctx[-n:]:
-                return ctx[j + n]
-    return -1
 
 
 @pytest.mark.parametrize("vocab,max_n", [(3, 4), (5, 2), (40, 4)])

@@ -61,3 +61,17 @@ def test_an_unknown_choice_names_the_key(tmp_path):
     src = sharegpt(tmp_path / "sg.json", [WHOLE])
     with pytest.raises(DatasetError, match="dataset.leading_assistant"):
         read_chat(src, leading_assistant="keep")
+
+
+def test_the_cli_counts_what_it_dropped(tmp_path, capsys):
+    from eyrie.cli.main import main
+
+    src = sharegpt(tmp_path / "sg.json", [CONTINUED, WHOLE])
+    assert main(["dataset", str(src)]) == 0
+    assert (
+        capsys.readouterr()
+        .out.rstrip()
+        .endswith("2 good, 0 bad; 1 opened with an assistant turn, dropped")
+    )
+    assert main(["dataset", str(src), "--leading-assistant", "bad"]) == 0
+    assert "dropped" not in capsys.readouterr().out

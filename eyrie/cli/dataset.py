@@ -53,7 +53,15 @@ def run(args) -> int:
 def check_dataset(args) -> int:
     """Lists every problem even under `fail`, so one run shows all that needs fixing. A file
     with no usable conversation is an error (exit 1): a run would stop on it."""
-    from eyrie.data.dataset import DatasetError, fitting, nothing_usable, read_chat, summary
+    from eyrie.data.dataset import (
+        DatasetError,
+        dropped_count,
+        dropped_text,
+        fitting,
+        nothing_usable,
+        read_chat,
+        summary,
+    )
 
     try:
         convs, problems = read_chat(
@@ -75,9 +83,7 @@ def check_dataset(args) -> int:
         problems = sorted(problems + unfit, key=lambda p: p.record)
     for problem in problems:
         print(problem.describe())
-    opened = sum("dropped_leading_turns" in c.extra for c in convs)
-    tail = f"; {opened} opened with an assistant turn, dropped" if opened else ""
-    print(summary(args.path, convs, problems) + tail, flush=True)
+    print(summary(args.path, convs, problems) + dropped_text(dropped_count(convs)), flush=True)
     if not convs:
         print(f"error: {nothing_usable(args.path, None, problems)}", file=sys.stderr)
         return 1

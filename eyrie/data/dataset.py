@@ -40,7 +40,7 @@ from eyrie.common.atomic import atomic_path, write_text
 from eyrie.common.errors import EyrieError
 from eyrie.data.chat_tokens import unusable
 from eyrie.data.json_stream import ArrayReader, starts_array
-from eyrie.data.records import FORMATS, Bad, decode_line, parse_record
+from eyrie.data.records import DROPPED_TURNS, FORMATS, Bad, decode_line, parse_record
 
 POLICIES = ("skip", "fail")
 LEADING_ASSISTANT = ("drop", "bad")
@@ -212,6 +212,16 @@ def read_chat(
     return convs, problems
 
 
+def dropped_count(convs: list[Conversation]) -> int:
+    """How many of the conversations lost assistant turns before their first user turn."""
+    return sum(DROPPED_TURNS in c.extra for c in convs)
+
+
+def dropped_text(n: int) -> str:
+    """The summary line's tail for `n` such conversations ("" for none)."""
+    return f"; {n} opened with an assistant turn, dropped" if n else ""
+
+
 def count_kinds(problems: list[Problem]) -> dict[str, int]:
     return dict(sorted(Counter(p.kind for p in problems).items()))
 
@@ -319,8 +329,8 @@ def prepare(
     (regenerate.enabled) keeps conversations without an assistant turn (prompts the target
     will answer). `leading_assistant` (dataset.leading_assistant) as `iter_chat` says; the
     conversations that lost a leading assistant turn are counted (leading_assistant_dropped)
-    and each written row says so (dropped_leading_turns). A split left with no conversation is a DatasetError (and `dst_jsonl` is not
-    written); its problems table then goes to `kept_problems_csv` when given (Snakemake removes
+    and each written row says so (dropped_leading_turns). A split left with no conversation is
+    a DatasetError (and `dst_jsonl` is not written); its problems table then goes to `kept_problems_csv` when given (Snakemake removes
     a failed job's outputs, but keeps its logs).
     """
     if max_samples is not None and max_samples < 1:
@@ -348,7 +358,7 @@ def prepare(
                 out.write(message_row(item, src))
                 kept += 1
                 prompts_only += not _answered(item)
-                opened_by_assistant += "dropped_leading_turns" in item.extra
+                opened_by_assistant += DROPPED_TURNS in item.extra
                 if max_samples is not None and kept >= max_samples:
                     stopped = True
                     break  # what follows is not written: it is not read
@@ -374,8 +384,7 @@ def prepare(
     if prompts_only:
         text += f" ({prompts_only} without an answer: the target will answer them)"
     if opened_by_assistant:
-        text += (f"; {opened_by_assistant} opened with an assistant turn, dropped "
-                 "(dataset.leading_assistant: drop)")  # fmt: skip
+        text += dropped_text(opened_by_assistant) + " (dataset.leading_assistant: drop)"
     if stopped:
         text += f"; max_samples ({max_samples}) reached, the rest of the file is not read"
     print(f"{text}; wrote {kept} to {dst_jsonl}", flush=True)

@@ -26,6 +26,7 @@ SHAREGPT_ROLES = {
 }
 KEYS = {"messages": "messages", "sharegpt": "conversations", "mtbench": "turns"}
 EXTRA_KEYS = ("category",)  # kept from a record (MT-bench's question category)
+DROPPED_TURNS = "dropped_leading_turns"  # extra: assistant turns dropped before the first user
 
 
 class Bad(Exception):
@@ -220,7 +221,7 @@ def parse_record(
         raise
     extra = {k: obj[k] for k in EXTRA_KEYS if isinstance(obj.get(k), str)}
     if dropped:
-        extra["dropped_leading_turns"] = dropped
+        extra[DROPPED_TURNS] = dropped
     return sid, messages, extra
 
 

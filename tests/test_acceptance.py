@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from lookup_reference import scan_lookup
 from tiny_target import build_llama
 
 from eyrie.evaluate.acceptance import (
@@ -16,6 +18,7 @@ from eyrie.evaluate.acceptance import (
     evaluate_stores,
     greedy_tokens,
     load_drafter,
+    lookup_guesses,
     metrics,
 )
 from eyrie.store.shard import ShardWriter
@@ -210,6 +213,66 @@ def test_evaluate_stores_matches_a_per_sample_loop(setup):
     assert m.acc == pytest.approx([c / s for c, s in zip(correct, scored, strict=True)])
     assert m.chain == pytest.approx([c / chains for c in chain_ok])
     assert m.samples == len(samples)
+    embed, head, _ = read_target_tensors(target)
+    rows = []
+    for ids, mask, aux, fin in samples:
+        with torch.no_grad():
+            x = torch.as_tensor(ids)[None].long()
+            logits = drafter(aux[None], x, lambda t: F.embedding(t, embed.float()), 1)[0][0]
+        greedy = (fin @ head.float().T).argmax(-1).tolist()
+        draft0 = drafter.draft_to_target(logits.argmax(-1)).tolist()
+        rows.append((ids.tolist(), mask.tolist(), greedy, draft0))
+    on, on_right, off, off_right = copy_split_reference(rows)
+    assert m.lookup_share == pytest.approx(on / (on + off))
+    assert m.acc0_other_rows == pytest.approx(off_right / off)
+    assert on == 0 or m.acc0_lookup_rows == pytest.approx(on_right / on)
+    assert m.to_dict()["lookup_rows"]["share"] == m.lookup_share
+
+
+def copy_split_reference(rows):
+    """(scored step-0 rows the lookup names, of those right, right elsewhere, elsewhere) by a
+    plain scan per row; ``rows`` = (ids, mask, greedy, draft0) per sample, row t's step-0 draft
+    names token t+2, which the target's greedy token after t+1 is."""
+    on = on_right = off = off_right = 0
+    for ids, mask, greedy, draft0 in rows:
+        for t in range(len(ids) - 2):
+            if not mask[t + 2]:
+                continue
+            right = draft0[t] == greedy[t + 1]
+            if scan_lookup(list(ids[: t + 2])) == greedy[t + 1]:
+                on, on_right = on + 1, on_right + right
+            else:
+                off, off_right = off + 1, off_right + right
+    return on, on_right, off, off_right
+
+
+def test_the_lookup_split_of_acc0_against_a_plain_scan():
+    # phrases said over and over, with slips: the lookup names the greedy token on many rows
+    g = torch.Generator().manual_seed(0)
+    lengths = [23, 49, 2, 41]
+    B, T = len(lengths), max(lengths)
+    ids = torch.randint(0, 8, (B, 5), generator=g).repeat(1, 10)[:, :T]
+    slips = torch.rand(B, T, generator=g) < 0.15
+    ids[slips] = torch.randint(0, 8, (int(slips.sum()),), generator=g)
+    greedy = torch.roll(ids, -1, 1)  # mostly the text's next token, as in regenerated data
+    noise = torch.rand(B, T, generator=g) < 0.3
+    greedy[noise] = torch.randint(0, 8, (int(noise.sum()),), generator=g)
+    mask = torch.rand(B, T, generator=g) > 0.2
+    for b, n in enumerate(lengths):
+        mask[b, n:] = False
+    drafts = [torch.randint(0, 8, (B, T), generator=g) for _ in range(2)]
+    c = count_acceptance(drafts, greedy, mask, lookup=lookup_guesses(ids, lengths))
+    rows = [(ids[b, :n].tolist(), mask[b, :n].tolist(), greedy[b, :n].tolist(),
+             drafts[0][b, :n].tolist()) for b, n in enumerate(lengths)]  # fmt: skip
+    on, on_right, off, off_right = copy_split_reference(rows)
+    assert on > 20 and off > 20  # both sides are exercised
+    assert (c.lookup_rows, c.lookup_rows_correct) == (on, on_right)
+    m = metrics(c + count_acceptance(drafts, greedy, mask))  # a batch without the split adds 0
+    assert m.lookup_share == pytest.approx(on / (on + off) / 2)  # its rows count in scored[0]
+    m = metrics(c)
+    assert m.lookup_share == pytest.approx(on / (on + off))
+    assert m.acc0_lookup_rows == pytest.approx(on_right / on)
+    assert m.acc0_other_rows == pytest.approx(off_right / off)
 
 
 def test_greedy_tokens_is_the_full_vocab_argmax():

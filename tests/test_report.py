@@ -285,6 +285,12 @@ def test_baselines_stand_beside_acc0(tmp_path):
     weak = dict(ACCEPTANCE, acc=[0.3, 0.2, 0.1])
     assert "does not beat a probe" in summary_markdown(Inputs(acceptance=weak, baselines=base))
     assert "Baselines: not measured." in summary_markdown(Inputs(acceptance=ACCEPTANCE))
+    assert "context lookup names" not in text  # a record from before the split
+    split = dict(ACCEPTANCE, lookup_rows={"share": 0.76, "acc0": 0.41, "acc0_other_rows": 0.2})
+    text = summary_markdown(Inputs(acceptance=split, baselines=base))
+    assert ("On the 76 % of held-out rows whose greedy token the context lookup names (the "
+            "target repeating its context), the drafter's acc_0 is 41 %; on the other rows "
+            "20 %") in text  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

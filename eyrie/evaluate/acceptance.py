@@ -29,6 +29,11 @@ row, accepts the right prefix of that row's K drafts, emits it and the bonus tok
 there; ``walk_accept_length`` = tokens emitted / verify steps, bonus included, the figure
 SGLang's spec_accept_length and eyrie.evaluate.speculate report for the same drafter.
 
+``lookup_rows`` splits acc_0 by whether a context lookup (eyrie.evaluate.baselines:
+context_lookup, the token after the most recent earlier occurrence of the last 4..1 tokens)
+names the row's greedy token: a target that repeats itself makes most rows of the first kind,
+and a drafter that has learned to copy from its context is right on most of them.
+
 The drafts are fed the stored tokens (teacher forcing), as in training; in real decoding a
 draft after an accepted one is fed that draft, which is the same token only where the data
 follows the target's greedy path. eyrie.evaluate.speculate measures the real loop.
@@ -67,6 +72,8 @@ class AcceptanceCounts:
     samples: int = 0
     walk_steps: np.ndarray = None  # (K,) verify steps of the decoding walk with k+1 drafts
     walk_tokens: np.ndarray = None  # (K,) tokens it emitted, bonus included
+    lookup_rows: int = 0  # rows scored at step 0 whose greedy token the context lookup names
+    lookup_rows_correct: int = 0  # of those, the step-0 draft right
 
     def __post_init__(self):
         for name in ("scored", "correct", "reachable", "chain_correct", "walk_steps",
@@ -87,6 +94,8 @@ class AcceptanceCounts:
             self.samples + other.samples,
             self.walk_steps + other.walk_steps,
             self.walk_tokens + other.walk_tokens,
+            self.lookup_rows + other.lookup_rows,
+            self.lookup_rows_correct + other.lookup_rows_correct,
         )
 
 
@@ -119,12 +128,14 @@ def count_acceptance(
     greedy: torch.Tensor,
     loss_mask: torch.Tensor,
     in_vocab: torch.Tensor | None = None,
+    lookup: torch.Tensor | None = None,
 ) -> AcceptanceCounts:
     """Counts for one batch.
 
     ``drafts[k]`` (B, T): the step-k draft of row t as a target token id. ``greedy`` (B, T): the
     target's greedy token after position t. ``loss_mask`` (B, T) bool; padding must be False.
     ``in_vocab`` (B, T) bool: greedy[t] is a draft-vocabulary token (None: not counted).
+    ``lookup`` (B, T): the context lookup's guess of greedy[t], -1 for none (None: not counted).
     """
     K = len(drafts)
     B, T = greedy.shape
@@ -140,6 +151,10 @@ def count_acceptance(
         if in_vocab is not None:
             out.reachable[k] = int((in_vocab[:, k + 1 : k + 1 + n] & scored).sum())
         hits.append(hit)
+        if k == 0 and lookup is not None:  # row t's step-0 draft and the lookup both name t+2
+            copy = (lookup[:, 1 : 1 + n].to(greedy.device) == greedy[:, 1 : 1 + n]) & scored
+            out.lookup_rows = int(copy.sum())
+            out.lookup_rows_correct = int((copy & hit).sum())
     n = max(0, T - K - 1)  # rows that have all K steps
     chain = torch.ones(B, n, dtype=torch.bool, device=greedy.device)
     for k in range(K):
@@ -173,6 +188,11 @@ class AcceptanceMetrics:
     scored: list[int] = field(default_factory=list)
     chains: int = 0
     samples: int = 0
+    # step 0 on the rows whose greedy token the context lookup names (the target repeating its
+    # context) and on the others: a drafter that copies is right on most of the former
+    lookup_share: float = float("nan")
+    acc0_lookup_rows: float = float("nan")
+    acc0_other_rows: float = float("nan")
 
     @property
     def tau_with_bonus(self) -> list[float]:
@@ -211,6 +231,11 @@ class AcceptanceMetrics:
             "tau_by_draft_tokens": self.tau,
             "walk_accept_length": self.walk[-1] if self.walk else 1.0,
             "walk_accept_length_by_draft_tokens": self.walk,
+            "lookup_rows": {
+                "share": self.lookup_share,
+                "acc0": self.acc0_lookup_rows,
+                "acc0_other_rows": self.acc0_other_rows,
+            },
         }
 
 
@@ -235,6 +260,11 @@ def metrics(c: AcceptanceCounts) -> AcceptanceMetrics:
         scored=[int(s) for s in c.scored],
         chains=int(c.chains),
         samples=int(c.samples),
+        lookup_share=_ratio(c.lookup_rows, c.scored[0]) if K else float("nan"),
+        acc0_lookup_rows=_ratio(c.lookup_rows_correct, c.lookup_rows),
+        acc0_other_rows=_ratio(c.correct[0] - c.lookup_rows_correct, c.scored[0] - c.lookup_rows)
+        if K
+        else float("nan"),
     )
 
 
@@ -292,6 +322,18 @@ def block_drafts(drafter, aux, ids, embed, lm_head, steps: int, chunk: int = 64)
     return list(out)
 
 
+def lookup_guesses(ids: torch.Tensor, lengths) -> torch.Tensor:
+    """(B, T) the context lookup's guess of the token after each position of each padded row
+    (its first ``lengths[b]`` tokens), -1 where it has none or past the row's end."""
+    from eyrie.evaluate.baselines import context_lookup
+
+    out = torch.full(ids.shape, -1, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        n = int(n)
+        out[b, :n] = torch.tensor(context_lookup(ids[b, :n].tolist()), dtype=torch.long)
+    return out
+
+
 def evaluate_stores(
     drafter,
     aux_layer_ids: list[int],
@@ -344,6 +386,7 @@ def evaluate_stores(
         ids = batch["input_ids"].to(device)
         aux = batch["aux_hidden"].to(device, torch.float32)
         greedy = greedy_tokens(batch["final_hidden"].to(device, torch.float32), lm_head)
+        lookup = lookup_guesses(ids.cpu(), batch["lengths"])
         if vocab_mask is None:  # DFlash: a block per row, over the full vocabulary
             drafts = block_drafts(drafter, aux, ids, embed, lm_head, steps)
             reachable = torch.ones_like(greedy, dtype=torch.bool)
@@ -351,7 +394,8 @@ def evaluate_stores(
             logits = drafter(aux, ids, embed, steps)
             drafts = [drafter.draft_to_target(lg.argmax(-1)) for lg in logits]
             reachable = vocab_mask[greedy]
-        total = total + count_acceptance(drafts, greedy, batch["loss_mask"].to(device), reachable)
+        mask = batch["loss_mask"].to(device)
+        total = total + count_acceptance(drafts, greedy, mask, reachable, lookup)
         meter.update(len(batch["lengths"]))
     meter.close()
     return metrics(total)

@@ -79,6 +79,8 @@ def run_evaluate(
             "chain": "P(drafts 0..k all right), over full chains",
             "tau": "expected drafts accepted per verify step with `steps` drafts, no bonus",
             "tau_with_bonus": "tau + 1: tokens emitted per verify step",
+            "lookup_rows": "acc_0 on the step-0 rows whose greedy token the context lookup "
+            "names (share: of all step-0 rows) and on the other rows",
         },
     }
     write_text(out_csv, m.table().to_csv(index=False))

@@ -379,6 +379,20 @@ def overfit_lines(df: pd.DataFrame, held_acc: list | None) -> list[str]:
     ]
 
 
+def copy_lines(split: dict) -> list[str]:
+    """The drafter's acc_0 on the rows the context lookup names and on the rest."""
+    share, on, off = (split.get(k) for k in ("share", "acc0", "acc0_other_rows"))
+    if share is None or _nan(share) or share == 0:  # not measured, or no such row
+        return []
+    return [
+        "",
+        f"On the {_pct(share)} of held-out rows whose greedy token the context lookup names "
+        f"(the target repeating its context), the drafter's acc_0 is {_pct(on)}; on the other "
+        f"rows {_pct(off)} (offline acceptance). A drafter that has learned to copy is right on "
+        "most of the former.",
+    ]
+
+
 def baseline_lines(inp: Inputs) -> list[str]:
     """The drafter's acc_0 next to the baselines scored on the same held-out rows."""
     b, a = inp.baselines, inp.acceptance or {}
@@ -403,6 +417,7 @@ def baseline_lines(inp: Inputs) -> list[str]:
         "|---|---|",
     ]
     lines += [f"| {name} | {_pct(x)} |" for name, x in rows]
+    lines += copy_lines(a.get("lookup_rows") or {})
     probe = (b.get("probe") or {}).get("acc")
     if acc0 is not None and probe is not None and acc0 <= probe:
         lines += ["", "**The drafter does not beat a probe without context on its own inputs.**"]

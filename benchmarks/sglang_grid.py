@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -60,6 +62,28 @@ SHAPES = {
             "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
             "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28],
+                             "use_aux_hidden_state": True},
+        },
+    },
+    # SmolLM2-135M-Instruct (configs/smollm2.yaml's target) and the EAGLE-3 drafter Eyrie
+    # exports for it: one layer, 9 key/value heads, a 32,768-token draft vocabulary
+    "smollm2-135m": {
+        "target": {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+            "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+            "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+            "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "bos_token_id": 1, "eos_token_id": 2,
+        },
+        "draft": {
+            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+            "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 1,
+            "num_attention_heads": 9, "num_key_value_heads": 9, "head_dim": 64,
+            "vocab_size": 49152, "draft_vocab_size": 32768, "target_hidden_size": 576,
+            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+            "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26],
                              "use_aux_hidden_state": True},
         },
     },
@@ -100,7 +124,7 @@ def server_flags(args) -> list[str]:
         flags += ["--load-format", "dummy", "--dtype", "bfloat16"]
     elif args.dtype:
         flags += ["--dtype", args.dtype]
-    return flags
+    return flags + shlex.split(args.extra_flags or "")
 
 
 def timed(url: str, ids: list[int], max_new: int, rid: str, ignore_eos: bool) -> dict:
@@ -139,6 +163,30 @@ def measure(url: str, prompts: list[list[int]], max_new: int, tag: str, ignore_e
     return rec
 
 
+def profile(url: str, ids: list[int], steps: int, out_dir: Path, wait_s: float = 180.0) -> dict:
+    """SGLang's torch profiler over ``steps`` forward steps of one long request (the prefill
+    is the first of them), without Python stacks or shapes, which would slow the host's side
+    it measures; the trace summarized by benchmarks/trace_summary.py."""
+    from trace_summary import read_events, summarize
+
+    from eyrie.sglang import http
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body = {"output_dir": str(out_dir.resolve()), "num_steps": steps, "activities": ["CPU", "GPU"],
+            "with_stack": False, "record_shapes": False}  # fmt: skip
+    status, text = http.post(f"{url}/start_profile", body, 60.0)
+    if not http.ok(status):
+        return {"status": "failed", "reason": f"/start_profile answered {status}: {text[:300]}"}
+    timed(url, ids, 16 * steps, "grid-profile", ignore_eos=True)  # past the profiled steps
+    deadline = time.monotonic() + wait_s  # the trace is written after the last step
+    while not (traces := sorted(out_dir.glob("*.trace.json*"))):
+        if time.monotonic() > deadline:
+            return {"status": "failed", "reason": f"no trace in {out_dir} after {wait_s:.0f} s"}
+        time.sleep(1.0)
+    time.sleep(2.0)  # a trace still being written grows; a gzip read would fail on its tail
+    return {"status": "ok", "trace": traces[-1].name, **summarize(read_events(traces[-1]), steps)}
+
+
 def launch(args, target: Path, draft: Path | None, point: str | None, log_dir: Path) -> Server:
     steps, topk, verify = parse_point(point) if point else (3, 1, 4)
     port = free_port()
@@ -165,6 +213,9 @@ def run_grid(args, target: Path, draft: Path, prompts: list[list[int]], save) ->
                     results[name] = {"status": "failed", "reason": str(exc)[-1500:]}
                     continue
                 rec = measure(server.url, prompts, args.max_new_tokens, name, args.ignore_eos)
+                if name in args.profile:
+                    rec["profile"] = profile(server.url, prompts[0], args.profile_steps,
+                                             log_dir / f"profile-{name}")  # fmt: skip
                 results[name] = {"status": "ok", "ready_seconds": ready, **rec}
                 save(results)
                 print(f"{name}: {rec['tokens_per_s']:.1f} tok/s, "
@@ -193,10 +244,15 @@ def summarize(results: dict, args) -> dict:
             "cycle_ms": r["cycle_ms"], "cycle_over_plain": r["cycle_ms"] / plain_ms,
             "identical": same, "prompts": len(r["rows"]),
         })  # fmt: skip
+        if r.get("profile"):
+            table[-1]["profile"] = r["profile"]
         if topk == 1:
             chain_k.append(steps)
             chain_ms.append(r["cycle_ms"])
-    out = {"plain_step_ms": plain_ms, "plain_tokens_per_s": plain["tokens_per_s"], "grid": table}
+    out = {"plain_step_ms": plain_ms, "plain_tokens_per_s": plain["tokens_per_s"], "grid": table,
+           "extra_flags": args.extra_flags or ""}  # fmt: skip
+    if plain.get("profile"):
+        out["plain_profile"] = plain["profile"]
     if len(set(chain_k)) >= 2:
         fit = cost_model.fit_chain(chain_k, chain_ms)
         out["chain_fit"] = {"fixed_ms": fit.fixed_ms, "per_draft_ms": fit.per_draft_ms,
@@ -232,6 +288,15 @@ def print_summary(s: dict, label: str) -> None:
               f"{r['accept_length']:.3f} ({r['sglang_accept_length']:.3f})    "
               f"{r['cycle_ms']:7.3f}   {r['cycle_over_plain']:6.2f}     "
               f"{r['identical']}/{r['prompts']}")  # fmt: skip
+    profiled = [("plain", s["plain_profile"])] if s.get("plain_profile") else []
+    profiled += [(r["point"], r["profile"]) for r in s["grid"] if r.get("profile")]
+    for name, p in profiled:
+        if p.get("status") != "ok" or "span_ms" not in p:
+            print(f"profile {name}: {p.get('reason', 'no GPU events')}")
+            continue
+        print(f"profile {name}: {p['span_ms']:.3f} ms a step, GPU busy {p['gpu_busy_ms']:.3f} "
+              f"ms ({100 * p['gpu_idle_share']:.0f} % idle), {p['kernels_per_step']:.0f} "
+              "kernels")  # fmt: skip
     if "chain_fit" in s:
         f = s["chain_fit"]
         print(f"chains: cycle = {f['fixed_ms']:.3f} ms + {f['per_draft_ms']:.3f} ms x k")
@@ -266,6 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--published", help="POINT:ACCEPT_LENGTH:SPEEDUP, e.g. 3-1-4:2.90:2.13")
     ap.add_argument("--from-json", help="no servers: the summary of this earlier run's points")
     ap.add_argument("--launcher", help="server command instead of python -m sglang.launch_server")
+    ap.add_argument("--extra-flags", help="more server flags for every server, plain included")
+    ap.add_argument(
+        "--profile",
+        nargs="*",
+        default=[],
+        help="points (and 'plain') whose steps SGLang's profiler records",
+    )
+    ap.add_argument("--profile-steps", type=int, default=40)
     ap.add_argument("--out", required=True)
     ap.add_argument("--log-dir", required=True)
     args = ap.parse_args(argv)

@@ -1,6 +1,7 @@
 """The speculation cost model against numpy's fit, and the SGLang grid against a fake server."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,78 @@ def test_grid_recovers_the_fake_servers_costs(tmp_path):
     projected = {p["point"]: p for p in s2["projected"]}
     assert projected["3-1-4"]["label"] == "projected"
     assert projected["3-1-4"]["projected_speedup"] == pytest.approx(rows["3-1-4"]["speedup"])
+
+
+PROFILED = fake_server(
+    setup="""
+import gzip
+PERIOD = 0.006 if a.speculative_algorithm else 0.004
+""",
+    post="""
+if self.path == "/start_profile":  # a trace of num_steps steps: one 1 ms kernel per period
+    steps, us = req["num_steps"], PERIOD * 1e6
+    events = [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": i * us, "dur": 1000.0}
+              for i in range(steps)]
+    events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0,
+                   "dur": 50.0})
+    with gzip.open(f"{req['output_dir']}/x-TP-0.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    self._send(200, {})
+    return
+n = req["sampling_params"]["max_new_tokens"]
+time.sleep(0.001 * n)
+meta = {"spec_accept_length": 1.0, "spec_verify_ct": n - 1} if a.speculative_algorithm else {}
+self._send(200, {"output_ids": [7] * n, "meta_info": meta})
+""",
+)
+
+
+def test_grid_profiles_a_point_and_its_extra_flags_reach_every_server(tmp_path):
+    fake = tmp_path / "fake_sglang.py"
+    fake.write_text(PROFILED)
+    out = tmp_path / "grid.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "sglang_grid.py"), "--shape", "smollm2-135m",
+        "--tokenizer", str(ROOT / "models" / "toy-llama"), "--prompts-jsonl",
+        str(ROOT / "data" / "chat" / "heldout.jsonl"), "--prompts", "2", "--max-new-tokens", "5",
+        "--grid", "3-1-4", "--launcher", f"{sys.executable} {fake}", "--launch-timeout", "60",
+        "--extra-flags", "--speculative-attention-mode decode", "--profile", "plain", "3-1-4",
+        "--profile-steps", "10", "--out", str(out), "--log-dir", str(tmp_path / "logs"),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rec = json.loads(out.read_text())
+    assert rec["server_flags"][-2:] == ["--speculative-attention-mode", "decode"]
+    for log in ("sglang-plain.log", "sglang-3-1-4.log"):
+        assert "--speculative-attention-mode decode" in (tmp_path / "logs" / log).read_text()
+    s = rec["summary"]
+    assert s["extra_flags"] == "--speculative-attention-mode decode"
+    # 10 steps, a 1 ms kernel each 4 ms (plain) or 6 ms (3-1-4): span (9 periods + 1 ms) / 10
+    plain, cycle = s["plain_profile"], s["grid"][0]["profile"]
+    assert plain["gpu_busy_ms"] == pytest.approx(1.0) and cycle["gpu_busy_ms"] == pytest.approx(1.0)
+    assert plain["span_ms"] == pytest.approx(3.7) and cycle["span_ms"] == pytest.approx(5.5)
+    assert cycle["gpu_idle_share"] == pytest.approx(1 - 1 / 5.5)
+    assert cycle["top_runtime"][0]["name"] == "cudaGraphLaunch"
+    assert "profile 3-1-4: 5.500 ms a step, GPU busy 1.000 ms (82 % idle)" in proc.stdout
+
+
+def test_the_flags_script_rehearsed_with_a_stand_in_server(tmp_path):
+    """benchmarks/gpu_sglang_flags.sh end to end on the CPU: a set per flag string (one of them
+    a lone flag, which argparse must not take for an option of its own), its table."""
+    fake = tmp_path / "fake_sglang.py"
+    fake.write_text(PROFILED)
+    env = dict(os.environ, LAUNCHER=f"{sys.executable} {fake}", OUT=str(tmp_path / "out"),
+               SETS="base=;v1=--disable-overlap-schedule")  # fmt: skip
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_sglang_flags.sh")], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    v1 = json.loads((tmp_path / "out" / "flags-v1.json").read_text())
+    assert v1["server_flags"][-1] == "--disable-overlap-schedule"
+    base = json.loads((tmp_path / "out" / "flags-base.json").read_text())["summary"]
+    assert base["plain_profile"]["status"] == "ok" and "plain_profile" not in v1["summary"]
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()[-2:]}
+    assert set(lines) == {"base", "v1"} and lines["v1"].endswith("--disable-overlap-schedule")
+    assert (tmp_path / "out" / "flags-logs.tgz").exists()
 
 
 def test_tree_and_chain_commands():

@@ -9,7 +9,7 @@ The drafter trains through Eyrie's own unroll loss (eyrie.train.loss) and is sco
 on fresh phrases: on the first saying nothing can be right but chance (1/V); on the repeats
 only attention over the context can be right.
 
-    python benchmarks/copy_task.py --steps 600 --every 100 [--attn-init none]
+    python benchmarks/copy_task.py --steps 600 --every 100 [--attn-init default]
 
 prints step-0 accuracy on the first saying and on the repeats every ``--every`` steps, and the
 machine. A mask that hid the context keeps the repeats at chance; tokens fed one position off
@@ -54,7 +54,7 @@ def copy_task(seed=0, V=128, H=32, P=12, heads=2, steps=600, every=0, attn_init=
     model = Drafter(cfg)
     model.set_vocab(torch.zeros(V, dtype=torch.long), torch.ones(V, dtype=torch.bool))
     model.init_head_from_target(E, None)
-    if attn_init == "self":  # the default train.drafter.attn_init
+    if attn_init == "self":  # train.attn_init: self, the shipped config.yaml's
         model.init_attention_to_self()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     test = batch(64)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--phrase", type=int, default=32)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--attn-init", choices=("self", "none"), default="self")
+    ap.add_argument("--attn-init", choices=("self", "default"), default="self")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = ap.parse_args(argv)
     print(json.dumps(machine()))

@@ -42,52 +42,50 @@ from eyrie.sglang.server import ServerError, free_port  # noqa: E402
 
 CHAINS = ["1-1-2", "2-1-3", "3-1-4", "4-1-5", "5-1-6", "6-1-7"]
 TREES = ["3-2-6", "4-4-8", "5-4-16"]
-# Llama-3.1-8B's shape; the drafter is EAGLE-3's one decoder layer of the same width with a
-# 32K draft vocabulary (as the published Llama-3.1-8B EAGLE-3 drafters).
-SHAPES = {
-    "llama-3.1-8b": {
-        "target": {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
-            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-            "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-            "bos_token_id": 128000, "eos_token_id": 128001,
-        },
-        "draft": {
-            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-            "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 1,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-            "vocab_size": 128256, "draft_vocab_size": 32000, "target_hidden_size": 4096,
-            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-            "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28],
-                             "use_aux_hidden_state": True},
-        },
-    },
-    # SmolLM2-135M-Instruct (configs/smollm2.yaml's target) and the EAGLE-3 drafter Eyrie
-    # exports for it: one layer, 9 key/value heads, a 32,768-token draft vocabulary
-    "smollm2-135m": {
-        "target": {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
-            "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-            "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
-            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
-            "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-            "bos_token_id": 1, "eos_token_id": 2,
-        },
-        "draft": {
-            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-            "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 1,
-            "num_attention_heads": 9, "num_key_value_heads": 9, "head_dim": 64,
-            "vocab_size": 49152, "draft_vocab_size": 32768, "target_hidden_size": 576,
-            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
-            "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26],
-                             "use_aux_hidden_state": True},
-        },
-    },
+# What an EAGLE-3 drafter shares with its target's config.json: one decoder layer of its width.
+SHARED_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+               "hidden_act", "torch_dtype")  # fmt: skip
+
+
+def eagle3_draft(target: dict, draft_vocab_size: int, aux_layer_ids: list[int], **overrides):
+    """The config.json of a random EAGLE-3 drafter for ``target`` (overrides: e.g. its heads)."""
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+        **{k: target[k] for k in SHARED_KEYS}, "num_hidden_layers": 1,
+        "draft_vocab_size": draft_vocab_size, "target_hidden_size": target["hidden_size"],
+        "tie_word_embeddings": False, **overrides,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_layer_ids,
+                         "use_aux_hidden_state": True},
+    }  # fmt: skip
+
+
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "bos_token_id": 128000, "eos_token_id": 128001,
 }  # fmt: skip
+SMOLLM2_135M = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+    "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+    "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+    "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+SHAPES = {
+    # Llama-3.1-8B with a 32K draft vocabulary, as the published Llama-3.1-8B EAGLE-3 drafters
+    "llama-3.1-8b": {"target": LLAMA_8B, "draft": eagle3_draft(LLAMA_8B, 32000, [1, 15, 28])},
+    # SmolLM2-135M-Instruct (configs/smollm2.yaml's target) and the drafter Eyrie exports for
+    # it: as many key/value heads as query heads, a 32,768-token draft vocabulary
+    "smollm2-135m": {
+        "target": SMOLLM2_135M,
+        "draft": eagle3_draft(SMOLLM2_135M, 32768, [1, 14, 26], num_key_value_heads=9),
+    },
+}
 
 
 def parse_point(text: str) -> tuple[int, int, int]:
@@ -178,13 +176,18 @@ def profile(url: str, ids: list[int], steps: int, out_dir: Path, wait_s: float =
     if not http.ok(status):
         return {"status": "failed", "reason": f"/start_profile answered {status}: {text[:300]}"}
     timed(url, ids, 16 * steps, "grid-profile", ignore_eos=True)  # past the profiled steps
-    deadline = time.monotonic() + wait_s  # the trace is written after the last step
-    while not (traces := sorted(out_dir.glob("*.trace.json*"))):
-        if time.monotonic() > deadline:
-            return {"status": "failed", "reason": f"no trace in {out_dir} after {wait_s:.0f} s"}
+    # SGLang writes the trace after the last step, in place: until it reads whole, wait
+    deadline, why = time.monotonic() + wait_s, f"no trace in {out_dir}"
+    while time.monotonic() < deadline:
+        traces = sorted(out_dir.glob("*.trace.json*"))
+        try:
+            if traces:
+                events = read_events(traces[-1])
+                return {"status": "ok", "trace": traces[-1].name, **summarize(events, steps)}
+        except (OSError, EOFError, ValueError) as exc:  # a gzip or JSON tail still to come
+            why = f"{traces[-1]} unreadable: {exc}"
         time.sleep(1.0)
-    time.sleep(2.0)  # a trace still being written grows; a gzip read would fail on its tail
-    return {"status": "ok", "trace": traces[-1].name, **summarize(read_events(traces[-1]), steps)}
+    return {"status": "failed", "reason": f"{why} after {wait_s:.0f} s"}
 
 
 def launch(args, target: Path, draft: Path | None, point: str | None, log_dir: Path) -> Server:

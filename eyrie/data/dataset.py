@@ -330,8 +330,9 @@ def prepare(
     will answer). `leading_assistant` (dataset.leading_assistant) as `iter_chat` says; the
     conversations that lost a leading assistant turn are counted (leading_assistant_dropped)
     and each written row says so (dropped_leading_turns). A split left with no conversation is
-    a DatasetError (and `dst_jsonl` is not written); its problems table then goes to `kept_problems_csv` when given (Snakemake removes
-    a failed job's outputs, but keeps its logs).
+    a DatasetError (and `dst_jsonl` is not written); its problems table then goes to
+    `kept_problems_csv` when given (Snakemake removes a failed job's outputs, but keeps its
+    logs).
     """
     if max_samples is not None and max_samples < 1:
         raise DatasetError(f"dataset.max_samples.{split} is {max_samples}; use null or >= 1")

@@ -428,18 +428,21 @@ def test_ngram_is_served_after_the_drafter_without_it_and_a_failed_start_keeps_t
     script = tmp_path / "fake_sglang.py"
     script.write_text(FAKE.replace("child = subprocess", refuse + "child = subprocess", 1))
     prompts = [{"id": "a", "input_ids": [1, 2, 3]}]
-    settings = [{"algorithm": "NGRAM", "draft_tokens": 7}, {"draft_tokens": 3}]
+    settings = [{"algorithm": "NGRAM", "draft_tokens": 7}, {"draft_tokens": 3}, {"draft_tokens": 7}]
     rec = online.measure_servers(tmp_path, tmp_path / "draft", prompts, max_new_tokens=6,
                                  draft_tokens=1, log_dir=tmp_path / "logs", launch_timeout=30,
                                  settings=settings,
                                  server_args=["--pid-file", str(tmp_path / "pids")],
                                  launcher=[sys.executable, str(script)])  # fmt: skip
-    assert [s["setting"] for s in rec["settings"]] == ["3-1-4", "7-1-8"]
+    assert [s["setting"] for s in rec["settings"]] == ["3-1-4", "7-1-8", "7-1-8"]
     assert rec["setting"] == "3-1-4" and rec["algorithm"] == "EAGLE3"  # the headline
+    # EAGLE-3's 7-1-8 and NGRAM's 7-1-8 each keep their served rows
+    runs = {"3-1-4", "7-1-8"} | ({"NGRAM 7-1-8"} if ngram_starts else set())
+    assert set(rec["setting_runs"]) == runs
     log = (tmp_path / "logs" / "sglang-ngram-7-1-8.log").read_text()
     assert "--speculative-algorithm NGRAM --speculative-num-draft-tokens 8" in log
     assert "--speculative-draft-model-path" not in log  # no drafter
-    ngram = rec["settings"][1]
+    ngram = rec["settings"][2]
     if ngram_starts:
         assert ngram["accept_length"] == pytest.approx(2.5) and ngram["speedup"] > 1.0
         # a faster NGRAM still does not become the drafter's verdict

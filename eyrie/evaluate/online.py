@@ -256,6 +256,13 @@ def setting_name(s: dict) -> str:
     return f"{s['draft_tokens']}-{s['topk']}-{s['verify_tokens']}"
 
 
+def run_key(row: dict) -> str:
+    """A served setting's key: its point, led by the algorithm unless EAGLE-3's, so that NGRAM's
+    7-1-8 and EAGLE-3's 7-1-8 keep their own rows."""
+    algo = row.get("algorithm", "EAGLE3")
+    return row["setting"] if algo == "EAGLE3" else f"{algo} {row['setting']}"
+
+
 def measure_servers(
     target_dir,
     draft_dir,
@@ -374,7 +381,7 @@ def _run_mode(
         "plain_tokens_per_s": plain["tokens_per_s"],
         "runs": {"plain": plain, "eagle3": head["spec"]},
         "settings": [{k: v for k, v in r.items() if k != "spec"} for r in rows],
-        "setting_runs": {r["setting"]: r["spec"] for r in rows if r["spec"] is not None},
+        "setting_runs": {run_key(r): r["spec"] for r in rows if r["spec"] is not None},
     }
 
 

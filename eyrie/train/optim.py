@@ -20,19 +20,20 @@ import torch
 
 def make_optimizer(model, settings: dict) -> torch.optim.Optimizer:
     lr, scale = float(settings["lr"]), float(settings["head_lr_scale"])
-    named = list(model.named_parameters())
-    head = [p for n, p in named if n.startswith("lm_head.")]
-    if scale <= 0:  # frozen: the target's rows as they are
-        for p in head:
-            p.requires_grad_(False)
-    rest = [(n, p) for n, p in named if not n.startswith("lm_head.") and p.requires_grad]
-    matrices = []
-    if settings["optimizer"] == "muon":
-        matrices = [p for _, p in rest if p.ndim == 2 and min(p.shape) > 1]
-    taken = {id(p) for p in matrices}
-    groups = [{"params": [p for _, p in rest if id(p) not in taken], "lr": lr}]
+    head = [p for n, p in model.named_parameters() if n.startswith("lm_head.")]
+    rest = [p for n, p in model.named_parameters() if not n.startswith("lm_head.")]
+    use_muon = settings["optimizer"] == "muon"
+
+    def to_muon(p) -> bool:  # Muon orthogonalizes matrices; vectors stay with AdamW
+        return use_muon and p.ndim == 2 and min(p.shape) > 1
+
+    matrices = [p for p in rest if to_muon(p)]
+    groups = [{"params": [p for p in rest if not to_muon(p)], "lr": lr}]
     if scale > 0:
         groups.append({"params": head, "lr": lr * scale})
+    else:  # frozen: the target's rows as they are
+        for p in head:
+            p.requires_grad_(False)
     adamw = torch.optim.AdamW(
         groups, lr=lr, betas=tuple(settings["betas"]), weight_decay=float(settings["weight_decay"])
     )

@@ -20,6 +20,8 @@
 # --repeats R    the transformers loop's interleaved timing passes (evaluate.repeats)
 # --questions Q  MT-bench's first Q questions only, held out and served (the config's 80 by
 #                default): a shorter run when the GPU's time is short
+# --overlay FILE one more config file, merged last (e.g. evaluate: {sglang: {settings: [...]}}
+#                to serve fewer settings when the GPU's time is short); may be given again
 # --also-dflash  then a DFlash drafter from the same stores and epochs (EAGLE-3's results are
 #                kept in RESULTS/eagle3/)
 # --cpu          the CPU rehearsal CI runs: configs/smollm2-cpu.yaml over the config (a few dozen
@@ -33,6 +35,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pieces="" samples="" epochs="" loop_prompts="" repeats="" questions=80 cores=16 cpu="" dflash=""
+overlays=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --pieces) pieces=$2; shift 2 ;;
@@ -41,6 +44,9 @@ while [ $# -gt 0 ]; do
     --loop-prompts) loop_prompts=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --questions) questions=$2; shift 2 ;;
+    --overlay)
+      [ -f "$2" ] || { echo "error: --overlay $2: no such file (give a YAML config file)" >&2; exit 2; }
+      overlays+=("$(realpath "$2")"); shift 2 ;;
     --also-dflash) dflash=1; shift ;;
     --cores) cores=$2; shift 2 ;;
     --cpu) cpu=1; cores=2; shift ;;
@@ -81,9 +87,10 @@ overlay=$(mktemp --suffix .yaml)
 } >"$overlay"
 [ -s "$overlay" ] || echo "{}" >"$overlay"
 echo "overrides: $(tr '\n' ' ' <"$overlay")"
+[ ${#overlays[@]} -eq 0 ] || echo "config files merged last: ${overlays[*]}"
 t0=$(date +%s)
 rc=0
-python3 -m snakemake --cores "$cores" --configfile "${configs[@]}" "$overlay" \
+python3 -m snakemake --cores "$cores" --configfile "${configs[@]}" "$overlay" "${overlays[@]}" \
   --resources gpu=1 --rerun-incomplete --keep-going "${extra[@]}" || rc=$?
 echo "snakemake exited $rc after $(($(date +%s) - t0)) s"
 res=$(python3 -c "import sys, yaml
@@ -96,12 +103,20 @@ if [ -n "$dflash" ] && [ "$rc" = 0 ]; then
   cp -r "$res/train" "$res/evaluate" "$res/report" "$res/export" "$res/eagle3/"
   echo "train: {method: dflash}" >"${overlay%.yaml}-dflash.yaml"
   t1=$(date +%s)
-  python3 -m snakemake --cores "$cores" --configfile "${configs[@]}" "$overlay" "${overlay%.yaml}-dflash.yaml" \
+  python3 -m snakemake --cores "$cores" --configfile "${configs[@]}" "$overlay" "${overlays[@]}" \
+    "${overlay%.yaml}-dflash.yaml" \
     --resources gpu=1 --rerun-incomplete --keep-going "${extra[@]}" || rc=$?
   echo "snakemake (DFlash) exited $rc after $(($(date +%s) - t1)) s"
 fi
 [ -n "$cpu" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/machine.txt" || true
-cp "$overlay" "$res/overrides.yaml"
+python3 - "$overlay" "${overlays[@]}" >"$res/overrides.yaml" <<'PY'  # merged as Snakemake merges
+import sys, yaml
+from snakemake.utils import update_config
+merged = {}
+for path in sys.argv[1:]:
+    update_config(merged, yaml.safe_load(open(path)) or {})
+print(yaml.safe_dump(merged, sort_keys=False), end="")
+PY
 tar czf "$OUT/smollm2-results.tar.gz" --exclude='*.zarr' --exclude='*.safetensors' \
   --exclude='*.pt' --exclude="$res/data/train*" --exclude="$res/regenerate/train*" "$res" || true
 [ -f "$res/report/summary.md" ] && head -n 40 "$res/report/summary.md"

@@ -111,10 +111,10 @@ fi
 [ -n "$cpu" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$res/machine.txt" || true
 python3 - "$overlay" "${overlays[@]}" >"$res/overrides.yaml" <<'PY'  # merged as Snakemake merges
 import sys, yaml
-from snakemake.utils import update_config
+from eyrie.common.config import merge, read
 merged = {}
 for path in sys.argv[1:]:
-    update_config(merged, yaml.safe_load(open(path)) or {})
+    merged = merge(merged, read(path))
 print(yaml.safe_dump(merged, sort_keys=False), end="")
 PY
 tar czf "$OUT/smollm2-results.tar.gz" --exclude='*.zarr' --exclude='*.safetensors' \

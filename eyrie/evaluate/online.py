@@ -259,7 +259,7 @@ def setting_name(s: dict) -> str:
 def run_key(row: dict) -> str:
     """A served setting's key: its point, led by the algorithm unless EAGLE-3's, so that NGRAM's
     7-1-8 and EAGLE-3's 7-1-8 keep their own rows."""
-    algo = row.get("algorithm", "EAGLE3")
+    algo = row["algorithm"]  # every row has one: served_settings fills in EAGLE3
     return row["setting"] if algo == "EAGLE3" else f"{algo} {row['setting']}"
 
 

@@ -127,6 +127,28 @@ def files(folder: DumpFolder, suffix: str) -> list[str]:
     return sorted(p.name for p in folder.path.iterdir() if p.name.endswith(suffix))
 
 
+def test_a_flushed_dumper_leaves_its_status_file_alone_until_a_counter_moves(setup, monkeypatch):
+    """The writer's idle refresh rewrites the status file only when a counter moved since it was
+    written: after flush(), a host listing the folder finds no temporary of a late refresh."""
+    settings, folder = setup
+    monkeypatch.setattr(dump, "STATUS_EVERY_S", 3600.0)  # only flush() and the idle refresh
+    d = dumper(settings)
+    writes = []
+    real = dump.write_json_atomic
+    monkeypatch.setattr(dump, "write_json_atomic", lambda p, o: (writes.append(o), real(p, o)))
+    reqs = make_requests()
+    run_pass(d, *make_batch(reqs, PASSES[0]))
+    assert d.flush(timeout=10)
+    flushed = len(writes)
+    time.sleep(1.5)  # three idle periods of the writer
+    assert len(writes) == flushed
+    run_pass(d, *make_batch(reqs, PASSES[1]))  # a pass: the idle writer refreshes on its own
+    deadline = time.monotonic() + 10
+    while len(writes) == flushed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert writes[-1]["passes"] == 2 and writes[-1]["timings"]["passes_written"] == 2
+
+
 def test_chunked_passes_are_joined_and_other_requests_ignored(setup):
     settings, folder = setup
     reqs = make_requests()

@@ -228,6 +228,19 @@ class StandIn:
         self._thread.join(timeout=10)
         if self._capture is not None:
             self._capture.close()
+        self.flush_dumpers()
+
+    def flush_dumpers(self) -> None:
+        """Wait for the hooks' writer threads: a status file they were refreshing is renamed into
+        place before the caller lists the dump folder, as after a real server's shutdown."""
+        dumpers = {
+            id(d): d for hs in self.hooks.values() for h in hs if (d := getattr(h, "dumper", None))
+        }
+        for dumper in dumpers.values():
+            try:
+                dumper.flush(timeout=30)
+            except OSError:  # the dump folder is gone: nothing left to list
+                pass
 
     # -- the scheduler --------------------------------------------------------------------
 

@@ -94,6 +94,7 @@ class Dumper:
             on_idle=self._refresh,
         )
         self._status_at = 0.0
+        self._status_counts: tuple = ()  # the counters the status file last showed
         ensure_private_dir(settings.dump_dir)
         package = sglang_package_dir()
         files = settings.manifest.get("sglang", {}).get("files", {})
@@ -121,6 +122,7 @@ class Dumper:
         s = self.settings
         tp = self._tp
         self._status_at = time.monotonic()
+        self._status_counts = self._counts()
         write_json_atomic(
             s.dump_dir / f"{STATUS_PREFIX}{os.getpid()}.json",
             {
@@ -153,7 +155,14 @@ class Dumper:
             except OSError:
                 pass
 
+    def _counts(self) -> tuple:
+        return (self.passes, self.chunks, len(self._problems), self.timings.passes_written)
+
     def _refresh(self) -> None:
+        """The idle writer's refresh: only when a counter moved since the file was written, so
+        that a flushed, stopped dumper leaves its folder alone."""
+        if self._counts() == self._status_counts:
+            return
         try:
             self.write_status()
         except OSError:

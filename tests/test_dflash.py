@@ -129,6 +129,40 @@ def test_batched_blocks_equal_the_served_block_and_see_only_their_context():
     assert not torch.allclose(model(earlier, ids, torch.tensor([[5]]), embed)[0, 0], out[0, 1])
 
 
+def test_heldout_terms_in_anchor_chunks_equal_one_pass_over_every_anchor():
+    """Held-out scoring computes the labels and the context keys once per batch and runs the
+    anchors a chunk at a time: the sums are those of one pass over every anchor, sharing
+    nothing."""
+    from types import SimpleNamespace
+
+    from eyrie.train.dflash_loss import block_terms
+    from eyrie.train.method import heldout_terms
+
+    model = tiny()
+    g = torch.Generator().manual_seed(1)
+    T = 12
+    embed_w = torch.randn(V, H, generator=g, dtype=torch.float64)
+    head = SimpleNamespace(lm_head=torch.randn(V, H, generator=g, dtype=torch.float64),
+                           embed=lambda x: embed_w[x])  # fmt: skip
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, 8:] = 0  # a shorter answer: its row has fewer anchors (-1 pads)
+    batch = {
+        "aux_hidden": torch.randn(2, T, K, H, generator=g, dtype=torch.float64),
+        "input_ids": torch.randint(0, V, (2, T), generator=g),
+        "final_hidden": torch.randn(2, T, H, generator=g, dtype=torch.float64),
+        "loss_mask": mask,
+    }
+    settings = {"method": "dflash", "dflash": {"anchors": 3}}
+    with torch.no_grad():
+        chunked = heldout_terms(model, head, batch, settings, None)
+        whole = block_terms(model, head, batch, every_anchor(eligible(mask)), None)
+    whole.pop("accepted")
+    assert chunked.keys() == whole.keys()
+    for key, value in whole.items():
+        assert torch.allclose(chunked[key].double(), value.double(), atol=1e-9), key
+    assert float(whole["counts"][0]) == 10 + 6  # anchors 1..10 of row 0, 1..6 of row 1
+
+
 def test_slot_k_is_scored_on_the_target_token_at_anchor_plus_k():
     T = 10
     greedy = torch.arange(100, 100 + T)[None]  # greedy[t]: the target's token at t + 1
@@ -356,10 +390,12 @@ def test_offline_acceptance_of_a_block_is_the_batched_forward_per_anchor(trained
         return embed_w[x]
 
     drafts = block_drafts(drafter, aux, ids, embed, lm_head, 3, chunk=4)
+    fewer = block_drafts(drafter, aux, ids, embed, lm_head, 2, chunk=3)  # slots 1..2 only
     for t in range(T - 1):  # each row's block computed alone, anchored at t + 1
         h = drafter(aux, ids, torch.tensor([[t + 1]]), embed)
         alone = draft_logits(h, lm_head)[0, 0].argmax(-1)
         assert [int(d[0, t]) for d in drafts] == alone.tolist()
+        assert [int(d[0, t]) for d in fewer] == alone.tolist()[:2]
     # drafts equal to the target's greedy path are all accepted, by the unroll's counting
     greedy = greedy_tokens(torch.randn(1, T, embed_w.shape[1]), lm_head)
     perfect = [torch.cat([greedy[:, k + 1 :], greedy[:, : k + 1]], 1) for k in range(3)]

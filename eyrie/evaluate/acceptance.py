@@ -299,7 +299,6 @@ def load_drafter(folder, device="cpu"):
 
 
 @torch.no_grad()
-@torch.no_grad()
 def block_drafts(drafter, aux, ids, embed, lm_head, steps: int, chunk: int = 64) -> list:
     """DFlash's drafts in the unroll's layout: row t's block is anchored at t + 1 (the token
     after row t, whose state the target has not computed yet) and its slot k + 1 is the step-k
@@ -315,9 +314,10 @@ def block_drafts(drafter, aux, ids, embed, lm_head, steps: int, chunk: int = 64)
     anchors = torch.arange(1, T + 1, device=ids.device)
     anchors = anchors.masked_fill(anchors >= T, -1).expand(n, T)
     out = torch.zeros(steps, n, T, dtype=torch.long, device=ids.device)
+    ctx_kv = drafter.context_kv(aux)  # once: every chunk of anchors reads the same context
     for s in range(0, T, chunk):
-        h = drafter(aux, ids, anchors[:, s : s + chunk], embed)
-        d = draft_logits(h, lm_head)[..., :steps, :].argmax(-1)  # (n, rows, steps)
+        h = drafter(aux, ids, anchors[:, s : s + chunk], embed, ctx_kv)
+        d = draft_logits(h[..., : steps + 1, :], lm_head).argmax(-1)  # (n, rows, steps)
         out[:, :, s : s + chunk] = d.permute(2, 0, 1)
     return list(out)
 

@@ -65,4 +65,4 @@ class BlockRunner:
         visible = torch.ones(1, 1, self.length, dtype=torch.bool, device=device)
         h = self.embed(ids).to(self.d.fc.weight.dtype)
         out = self.d.run_blocks(h, positions, self.kv, visible)
-        return draft_logits(out, self.lm_head)[0, 0, :n].argmax(-1).tolist()
+        return draft_logits(out[..., : n + 1, :], self.lm_head)[0, 0].argmax(-1).tolist()

@@ -211,19 +211,31 @@ class DFlashDrafter(nn.Module):
             h = layer(h, positions, kv, visible)
         return self.norm(h)
 
-    def forward(self, aux, input_ids, anchors, embed) -> torch.Tensor:
+    def context_kv(self, aux: torch.Tensor) -> list[tuple]:
+        """Each layer's context (keys, values) of aux states (b, T, K, H), rows at 0..T-1."""
+        ctx = self.context(aux)
+        T = ctx.shape[1]
+        return self.context_keys(ctx, torch.arange(T, device=ctx.device).expand(len(ctx), T))
+
+    def forward(self, aux, input_ids, anchors, embed, ctx_kv=None) -> torch.Tensor:
         """Normed outputs (b, N, B, H) of the blocks at ``anchors`` (b, N; -1: none).
 
         Block n reads the context rows before its anchor, ``embed`` maps ids to the target's
-        input embeddings; the target's lm_head turns slot k into the token at anchor + k."""
-        ctx = self.context(aux)
-        T = ctx.shape[1]
-        ctx_kv = self.context_keys(ctx, torch.arange(T, device=ctx.device).expand(len(ctx), T))
+        input embeddings; the target's lm_head turns slot k into the token at anchor + k.
+        ``ctx_kv``: context_kv(aux) already computed, when several anchor sets share a batch."""
+        if ctx_kv is None:
+            ctx_kv = self.context_kv(aux)
+        T = aux.shape[1]
         ids, positions = self.blocks(input_ids, anchors)
-        visible = torch.arange(T, device=ctx.device) < anchors[..., None]
-        return self.run_blocks(embed(ids).to(ctx.dtype), positions, ctx_kv, visible)
+        visible = torch.arange(T, device=aux.device) < anchors[..., None]
+        return self.run_blocks(embed(ids).to(ctx_kv[0][0].dtype), positions, ctx_kv, visible)
 
 
 def draft_logits(hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
-    """Slots 1..B-1 of block outputs (..., B, H) through the target's lm_head: (..., B-1, V)."""
-    return F.linear(hidden[..., 1:, :], lm_head.to(hidden.dtype))
+    """Slots 1..B-1 of block outputs (..., B, H) through the target's lm_head: (..., B-1, V).
+
+    One matmul over every block's slots: on the strided slice itself, F.linear runs a batched
+    matmul of B-1 rows per block, which is slower (benchmarks/bench_dflash_heldout.py)."""
+    x = hidden[..., 1:, :]
+    logits = F.linear(x.reshape(-1, x.shape[-1]), lm_head.to(hidden.dtype))
+    return logits.view(*x.shape[:-1], -1)

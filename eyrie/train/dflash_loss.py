@@ -57,12 +57,26 @@ def slot_labels(greedy, loss_mask, anchors, block_size: int) -> tuple:
     return label, scored
 
 
-def block_terms(model, head, batch: dict, anchors: torch.Tensor, dtype) -> dict:
-    """Per-slot sums of one batch at ``anchors``: ce, correct, chain, chain_starts, counts."""
-    greedy = greedy_tokens(batch["final_hidden"], head.lm_head)
+def shared_inputs(model, head, batch: dict, dtype) -> dict:
+    """What every anchor set of one batch shares: the target's greedy tokens (the labels) and
+    the drafter's context keys. Held-out scoring draws many anchor sets from one batch."""
+    with autocast(batch, dtype):
+        ctx_kv = model.context_kv(batch["aux_hidden"])
+    return {"greedy": greedy_tokens(batch["final_hidden"], head.lm_head), "ctx_kv": ctx_kv}
+
+
+def autocast(batch: dict, dtype):
+    return torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def block_terms(model, head, batch: dict, anchors: torch.Tensor, dtype, shared=None) -> dict:
+    """Per-slot sums of one batch at ``anchors``: ce, correct, chain, chain_starts, counts.
+    ``shared``: shared_inputs() of the batch (under no_grad only: its keys carry no graph)."""
+    greedy = shared["greedy"] if shared else greedy_tokens(batch["final_hidden"], head.lm_head)
+    ctx_kv = shared["ctx_kv"] if shared else None
     B = model.config.block_size
-    with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None):
-        hidden = model(batch["aux_hidden"], batch["input_ids"], anchors, head.embed)
+    with autocast(batch, dtype):
+        hidden = model(batch["aux_hidden"], batch["input_ids"], anchors, head.embed, ctx_kv)
     logits = draft_logits(hidden, head.lm_head).float()
     label, scored = slot_labels(greedy, batch["loss_mask"], anchors, B)
     ce = F.cross_entropy(logits.flatten(0, -2), label.flatten(), reduction="none")

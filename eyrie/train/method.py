@@ -17,7 +17,13 @@ import torch
 from eyrie.target.tensors import read_target_norm
 from eyrie.train.data import seeded
 from eyrie.train.dflash import DFlashConfig, DFlashDrafter
-from eyrie.train.dflash_loss import block_terms, eligible, every_anchor, sample_anchors
+from eyrie.train.dflash_loss import (
+    block_terms,
+    eligible,
+    every_anchor,
+    sample_anchors,
+    shared_inputs,
+)
 from eyrie.train.loss import forward_batch, step_counts
 from eyrie.train.model import Drafter, DrafterConfig
 
@@ -85,9 +91,10 @@ def heldout_terms(model, head, batch: dict, settings: dict, dtype) -> dict:
         return batch_terms(model, model, head, batch, settings, dtype)
     anchors = every_anchor(eligible(batch["loss_mask"]))
     n = int(settings["dflash"]["anchors"])
+    shared = shared_inputs(model, head, batch, dtype)
     total: dict = {}
     for start in range(0, anchors.shape[1], n):
-        t = block_terms(model, head, batch, anchors[:, start : start + n], dtype)
+        t = block_terms(model, head, batch, anchors[:, start : start + n], dtype, shared)
         t.pop("accepted")
         total = {k: total.get(k, 0) + v for k, v in t.items()}
     return total

@@ -24,13 +24,8 @@ from common import host_line, versions_line
 
 import eyrie.train.dflash_loss as dflash_loss
 from eyrie.train.dflash import DFlashConfig, DFlashDrafter, draft_logits
-from eyrie.train.dflash_loss import (
-    block_terms,
-    eligible,
-    every_anchor,
-    sample_anchors,
-    shared_inputs,
-)
+from eyrie.train.dflash_loss import block_terms, eligible, every_anchor, sample_anchors
+from eyrie.train.method import heldout_terms
 
 SHAPES = {  # (hidden, intermediate, heads, kv heads, vocab): SmolLM2-135M-Instruct, the toy
     "smollm2": (576, 1536, 9, 3, 49152),
@@ -79,14 +74,17 @@ def timed(fn, share: bool, device) -> tuple:
 
 
 def heldout(model, head, batch, n: int, share: bool) -> dict:
+    """eyrie's held-out terms, or the former way: each chunk of anchors on its own."""
+    if share:
+        return heldout_terms(
+            model, head, batch, {"method": "dflash", "dflash": {"anchors": n}}, None
+        )
     anchors = every_anchor(eligible(batch["loss_mask"]))
-    shared = shared_inputs(model, head, batch, None) if share else None
-    total: dict = {}
-    for s in range(0, anchors.shape[1], n):
-        t = block_terms(model, head, batch, anchors[:, s : s + n], None, shared)
-        t.pop("accepted")
-        total = {k: total.get(k, 0) + v for k, v in t.items()}
-    return total
+    chunks = [
+        block_terms(model, head, batch, anchors[:, s : s + n], None)
+        for s in range(0, anchors.shape[1], n)
+    ]
+    return {k: sum(c[k] for c in chunks) for k in chunks[0] if k != "accepted"}
 
 
 def drafts(model, head, batch, steps: int, chunk: int, share: bool) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 from common import host_line, versions_line
 
 import eyrie.train.dflash_loss as dflash_loss
+from eyrie.evaluate.acceptance import block_drafts
 from eyrie.train.dflash import DFlashConfig, DFlashDrafter, draft_logits
 from eyrie.train.dflash_loss import block_terms, eligible, every_anchor, sample_anchors
 from eyrie.train.method import heldout_terms
@@ -88,17 +89,19 @@ def heldout(model, head, batch, n: int, share: bool) -> dict:
 
 
 def drafts(model, head, batch, steps: int, chunk: int, share: bool) -> torch.Tensor:
+    """evaluate's block_drafts (steps, b, T), or the former way: the context rebuilt for each
+    chunk of rows and every slot of a block through the head."""
     aux, ids = batch["aux_hidden"], batch["input_ids"]
+    if share:
+        return torch.stack(block_drafts(model, aux, ids, head.embed, head.lm_head, steps, chunk))
     T = ids.shape[1]
     after = torch.arange(1, T + 1, device=ids.device)  # row t's block: anchored at t + 1
     anchors = after.masked_fill(after >= T, -1).expand(ids.shape[0], T)
-    ctx_kv = model.context_kv(aux) if share else None
     out = []
     for s in range(0, T, chunk):
-        h = model(aux, ids, anchors[:, s : s + chunk], head.embed, ctx_kv)
-        h = h[..., : steps + 1, :] if share else h
+        h = model(aux, ids, anchors[:, s : s + chunk], head.embed)
         out.append(draft_logits(h, head.lm_head)[..., :steps, :].argmax(-1))
-    return torch.cat(out, 1)
+    return torch.cat(out, 1).permute(2, 0, 1)
 
 
 def strided_head(hidden, lm_head):

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from eyrie.target.greedy import greedy_tokens
 from eyrie.train.dflash import draft_logits
+from eyrie.train.loss import autocast
 
 
 def eligible(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -63,10 +64,6 @@ def shared_inputs(model, head, batch: dict, dtype) -> dict:
     with autocast(batch, dtype):
         ctx_kv = model.context_kv(batch["aux_hidden"])
     return {"greedy": greedy_tokens(batch["final_hidden"], head.lm_head), "ctx_kv": ctx_kv}
-
-
-def autocast(batch: dict, dtype):
-    return torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None)
 
 
 def block_terms(model, head, batch: dict, anchors: torch.Tensor, dtype, shared=None) -> dict:

@@ -94,9 +94,14 @@ def weighted_loss(ce: torch.Tensor, counts: torch.Tensor, step_weight: float, wo
     return (ce * scale.to(ce.device)).sum()
 
 
+def autocast(batch: dict, dtype):
+    """The drafter's forward under train.precision's dtype on the batch's device (None: fp32)."""
+    return torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None)
+
+
 def forward_batch(model, head, batch: dict, steps: int, dtype, d2t, loss="soft"):
     """The per-step terms of one batch (ttt_terms): target head, then the drafter's unroll."""
     probs, greedy = head.targets(batch["final_hidden"])
-    with torch.autocast(batch["input_ids"].device.type, dtype=dtype, enabled=dtype is not None):
+    with autocast(batch, dtype):
         logits = model(batch["aux_hidden"], batch["input_ids"], head.embed, steps, scored_only=True)
     return ttt_terms(logits, probs, greedy, batch["loss_mask"], d2t, loss)

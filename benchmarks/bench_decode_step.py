@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import time
 
-import common  # noqa: F401 (puts the repository and tests/ on sys.path)
 import torch
+from common import print_profile  # common also puts the repository and tests/ on sys.path
 
 from eyrie.common.device import pick_device
 from eyrie.common.provenance import machine
@@ -84,15 +84,7 @@ def main(argv=None) -> int:
     for name, ms in rows.items():
         print(f"{name:48s} {ms:8.2f} ms/step  {ms / base:5.2f}x")
 
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        for _ in range(5):
-            bare()
-        sync_device(device)
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=12))
+    print_profile(bare, device, calls=5, rows=12)
     return 0
 
 

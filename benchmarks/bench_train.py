@@ -24,7 +24,7 @@ import argparse
 import time
 
 import torch
-from common import host_line, machine
+from common import host_line, machine, print_profile
 
 from eyrie.train.loss import forward_batch, step_counts, weighted_loss
 from eyrie.train.model import Drafter, DrafterConfig, TargetHead
@@ -98,7 +98,9 @@ def matmul_peak(device, dtype, n: int, repeats: int) -> float:
     return 2 * n**3 * repeats / (time.perf_counter() - t)
 
 
-def bench(size: str, device, B: int, T: int, K: int, steps: int, autocast) -> dict:
+def bench(
+    size: str, device, B: int, T: int, K: int, steps: int, autocast, profile: int = 0
+) -> dict:
     c = DrafterConfig(num_aux=3, **SIZES[size])
     torch.manual_seed(0)
     model = Drafter(c).to(device)
@@ -140,6 +142,8 @@ def bench(size: str, device, B: int, T: int, K: int, steps: int, autocast) -> di
     sync(device)
     seconds = (time.perf_counter() - t) / steps
     tok_s = B * T / seconds
+    if profile:  # after the timing, so that the profiler's own cost is not in it
+        print_profile(one_step, device, calls=2, rows=profile)
     return {
         "size": size,
         "B": B,
@@ -172,7 +176,16 @@ def one_case(args) -> None:
         )
     else:
         peak, label, autocast = matmul_peak(device, torch.float32, 1024, 10), "fp32 matmul", None
-    r = bench(args.size, device, args.batch_size, args.len, args.ttt_steps, args.steps, autocast)
+    r = bench(
+        args.size,
+        device,
+        args.batch_size,
+        args.len,
+        args.ttt_steps,
+        args.steps,
+        autocast,
+        args.profile,
+    )
     report(r, peak, label)
 
 
@@ -186,6 +199,13 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="with --size")
     p.add_argument("--batch-size", type=int, default=2, help="with --size")
     p.add_argument("--len", type=int, default=2048, help="with --size: tokens per sample")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="with --size: after the timing, the top ROWS ops of two profiled steps",
+    )
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

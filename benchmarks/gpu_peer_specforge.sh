@@ -41,15 +41,8 @@ fi
 OUT=${OUT:-benchmarks/out/gpu-peer-specforge}
 work=${WORK:-/tmp/sf-peer}
 mkdir -p "$OUT" "$work"
-if [ -z "$cpu" ]; then
-  # shellcheck source=tests/e2e/gpu_env.sh
-  source tests/e2e/gpu_env.sh
-fi
-if [ -n "$pieces" ]; then
-  scripts/gpu_join_pieces.sh "$pieces" "$work/wheels"
-  python3 -m pip install -q --no-index --no-deps --target /tmp/sf-site "$work"/wheels/*.whl
-  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/sf-site
-fi
+# shellcheck source=benchmarks/specforge_env.sh
+source benchmarks/specforge_env.sh
 python3 -c "import specforge, datasets" ||
   { echo "error: SpecForge does not import; carry its pieces (--pieces DIR)" >&2; exit 2; }
 

@@ -78,14 +78,14 @@ def default_target() -> str:
 
 def print_profile(step, device, calls: int, rows: int) -> None:
     """The ops that take most of `calls` calls of `step` (the device's time, where there is one)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from eyrie.evaluate.speculate import sync_device
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(calls):
             step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync_device(device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows))
